@@ -1,0 +1,197 @@
+"""The `imagebuild` command: a thin layer over imagebuild.pipeline.
+
+Exit codes: 0 ok, 1 findings with errors / failed build / failed smoke test, 2 bad input,
+3 engine or host tool unavailable. Every report has --json (stdout); progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+
+from imagebuild import __version__, pipeline
+from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildError, SmokeFailed
+
+_STEP = re.compile(r"^#\d+ \[[^\]]*\] ")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="imagebuild", description=(
+        "Build reproducible GPU ML container images: recipe -> check -> lock -> render -> build -> smoke."))
+    parser.add_argument("--version", action="version", version=f"imagebuild {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_, description=help_)
+        cmd.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+        return cmd
+
+    cmd = command("check", "validate a recipe and print compatibility findings (no build)")
+    cmd.add_argument("recipe", type=Path)
+
+    cmd = command("lock", "resolve a recipe into lockfiles/NAME.lock (every wheel hashed)")
+    cmd.add_argument("recipe", type=Path)
+    cmd.add_argument("--lock", type=Path, help="lock path (default: lockfiles/NAME.lock beside recipes/)")
+
+    cmd = command("render", "write the Dockerfile and build context to inspect")
+    cmd.add_argument("recipe", type=Path)
+    cmd.add_argument("-o", "--out", type=Path, required=True, help="output folder (replaced)")
+    cmd.add_argument("--lock", type=Path)
+    cmd.add_argument("--relock", action="store_true", help="refresh the lock first")
+
+    cmd = command("build", "build the image on the engine, smoke-test it, then tag it")
+    cmd.add_argument("recipe", type=Path)
+    cmd.add_argument("--lock", type=Path)
+    cmd.add_argument("--relock", action="store_true", help="refresh a stale or missing lock first")
+    cmd.add_argument("--no-smoke", action="store_true", help="tag without running the smoke test")
+    cmd.add_argument("--keep-failed", action="store_true",
+                     help="keep the untagged image when the smoke test fails")
+    cmd.add_argument("--ca-bundle", help="CA roots for a TLS-intercepting proxy, passed as a build "
+                     "secret (default: $IMAGEBUILD_CA_BUNDLE, $SSL_CERT_FILE, Debian's bundle)")
+    cmd.add_argument("--engine", default="docker", choices=["docker"])
+
+    cmd = command("smoke", "re-run the in-image smoke test of a built image")
+    cmd.add_argument("image")
+    cmd.add_argument("--engine", default="docker", choices=["docker"])
+    return parser
+
+
+class _Progress:
+    """Long steps: stage lines and build-step headers are printed; the rest updates a spinner."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.status = None
+
+    def __call__(self, line: str) -> None:
+        if not line.startswith("#"):
+            self.console.print(f"[bold cyan]›[/] {line}", highlight=False)
+        elif _STEP.match(line):
+            self.console.print(f"  {line.split(' ', 1)[1][:160]}", style="dim", highlight=False)
+        elif self.status is not None:
+            self.status.update(line[:120])
+
+    @contextmanager
+    def spinning(self, title: str):
+        with self.console.status(title) as status:
+            self.status = status
+            try:
+                yield self
+            finally:
+                self.status = None
+
+
+def _print_findings(console: Console, findings) -> None:
+    for f in findings:
+        colour = "red" if f.severity == "error" else "yellow"
+        console.print(f"[{colour}]{f.severity}[/] {f.rule}: {f.message}", highlight=False)
+        console.print(f"  evidence: {f.evidence}\n  fix: {f.fix}\n  source: {f.source}",
+                      style="dim", highlight=False)
+
+
+def _print_smoke(console: Console, report: dict) -> None:
+    marks = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "skip": "[dim]skip[/]",
+             "warn": "[yellow]warn[/]"}
+    for check in report.get("checks", []):
+        console.print(f"  {marks.get(check.get('status'), check.get('status'))} "
+                      f"{check.get('name')}: {check.get('detail', '')}", highlight=False)
+
+
+def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    progress = _Progress(err)
+    if args.command == "check":
+        report = pipeline.check(args.recipe)
+        if args.json:
+            out.print_json(data=report.to_dict())
+        else:
+            _print_findings(out, report.findings)
+            out.print(f"{report.recipe}: {'ok' if report.ok else 'errors found'} "
+                      f"({len(report.findings)} finding(s))", highlight=False)
+        return EXIT_OK if report.ok else EXIT_FAILED
+
+    if args.command == "lock":
+        with progress.spinning("locking"):
+            report = pipeline.lock(args.recipe, lock_path=args.lock, progress=progress)
+        if args.json:
+            out.print_json(data=report.to_dict())
+        else:
+            _print_findings(out, report.findings)
+            out.print(f"{report.lock_path}: {report.packages} wheels, "
+                      f"{'written' if report.changed else 'unchanged'} in {report.seconds:.1f} s",
+                      highlight=False)
+        return EXIT_OK
+
+    if args.command == "render":
+        with progress.spinning("rendering"):
+            path = pipeline.render(args.recipe, args.out, lock_path=args.lock, relock=args.relock,
+                                   progress=progress)
+        if args.json:
+            out.print_json(data={"context": str(path), "dockerfile": str(path / "Dockerfile")})
+        else:
+            out.print(f"build context written to {path} (Dockerfile: {path / 'Dockerfile'})",
+                      highlight=False)
+        return EXIT_OK
+
+    from imagebuild.engine import default_engine
+    engine = default_engine(args.engine)
+    if args.command == "build":
+        with progress.spinning("building"):
+            report = pipeline.build(args.recipe, engine, lock_path=args.lock, relock=args.relock,
+                                    run_smoke=not args.no_smoke, ca=args.ca_bundle,
+                                    keep_failed=args.keep_failed, progress=progress)
+        if args.json:
+            out.print_json(data=report.to_dict())
+        else:
+            _print_findings(out, report.findings)
+            if report.smoke:
+                out.print(f"smoke test{' (cached result for this image id)' if report.smoke.cached else ''}:")
+                _print_smoke(out, report.smoke.report)
+            times = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
+            out.print(f"[green]built[/] {report.image}  {report.image_id}  "
+                      f"{report.size / 1e9:.2f} GB  ({times})", highlight=False)
+        return EXIT_OK
+
+    if args.command == "smoke":
+        with progress.spinning("smoke test"):
+            report = pipeline.smoke(args.image, engine, progress=progress)
+        if args.json:
+            out.print_json(data=report.to_dict())
+        else:
+            _print_smoke(out, report.report)
+            out.print(f"{args.image}: smoke {'passed' if report.ok else 'FAILED'}", highlight=False)
+        return EXIT_OK if report.ok else EXIT_FAILED
+    raise AssertionError(args.command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    out = Console(highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False)
+    try:
+        return run(args, out, err)
+    except ImagebuildError as error:
+        if getattr(args, "json", False):
+            payload = {"ok": False, "error": type(error).__name__, "message": str(error)}
+            if isinstance(error, FindingsFailed):
+                payload["findings"] = [f.to_dict() for f in error.findings]
+            if isinstance(error, SmokeFailed) and error.report:
+                payload["probe"] = error.report
+            print(json.dumps(payload, indent=2, sort_keys=True))
+        else:
+            if isinstance(error, SmokeFailed) and error.report:
+                _print_smoke(err, error.report)
+            err.print(f"[red]error:[/] {error}", highlight=False)
+        return error.exit_code
+    except KeyboardInterrupt:
+        err.print("[red]interrupted[/]")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,527 @@
+"""Compatibility rules: CUDA toolkit, driver, GPU targets, torch, glibc and the pip CUDA toolchain.
+
+The facts live in data/compat.toml, each with its source. Every rule is a small pure function over
+them that returns Findings; none raises on an odd version string. `check_recipe` runs what is
+knowable before resolving; `check_resolved` runs on the locked versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from imagebuild.cuda import Arch, CudaVersion, parse_driver
+from imagebuild.errors import ImagebuildError
+from imagebuild.recipe import ImageBase, PythonSpec, Recipe
+
+DATA_FILE = Path(__file__).parent / "data" / "compat.toml"
+BASES = ("verified", "general")  # FACTS.md's [V] and [G]
+_NOT_CUDA = re.compile(r"^(cpu|rocm.*|xpu.*)$")  # local tags of torch builds without CUDA
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # "error" | "warning"
+    rule: str  # short id, e.g. "driver-too-old"
+    message: str  # one sentence a user understands
+    evidence: str  # the values that triggered it
+    fix: str  # the exact change: a recipe key, a pin, an env var
+    source: str  # the fact's source from compat.toml
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class SuiteFacts:
+    suite: str  # "bookworm"
+    python: str  # "3.11"
+    glibc: str  # "2.36"
+    manylinux: str  # "manylinux_2_36": the newest manylinux tag the suite can install
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class DriverFact:
+    cuda: CudaVersion
+    ga: str | None  # minimum driver for the first release; None when not known
+    updates: tuple[str, ...]  # minimum driver for each update, in order
+    source: str
+
+
+@dataclass(frozen=True)
+class FloorFact:
+    major: int
+    floor: int  # oldest driver branch that runs any <major>.x toolkit (SASS only)
+    source: str
+
+
+@dataclass(frozen=True)
+class ArchFact:
+    target: str  # "sm_120f"
+    first_cuda: CudaVersion
+    last_cuda: CudaVersion | None
+    note: str
+    source: str
+
+
+@dataclass(frozen=True)
+class TorchFact:
+    release: str  # "2.10.0" or "2.14.*"
+    cuda: CudaVersion
+    carries: str  # the CUDA pin in the wheel's metadata
+    triton: str
+    source: str
+
+    def matches(self, version: Version) -> bool:
+        return SpecifierSet(f"=={self.release}").contains(version, prereleases=True)
+
+
+@dataclass(frozen=True)
+class GlibcNvccFact:
+    glibc_from: Version
+    nvcc_from: CudaVersion
+    carried_by: tuple[str, ...]  # distributions that ship nvcc and crt/math_functions.h
+    source: str
+
+
+@dataclass(frozen=True)
+class ToolchainDist:
+    name: str  # canonical distribution name
+    major: int | None  # only checked for toolkits of this major; None: always
+    source: str
+
+
+@dataclass(frozen=True)
+class Facts:
+    floors: Mapping[int, FloorFact]
+    drivers: Mapping[CudaVersion, DriverFact]
+    archs: Mapping[str, ArchFact]
+    torch: tuple[TorchFact, ...]
+    suites: Mapping[str, SuiteFacts]
+    glibc_nvcc: GlibcNvccFact
+    toolchain: Mapping[str, ToolchainDist]
+
+
+# --- loading the data file --------------------------------------------------------------------
+
+def load_facts(path: Path | None = None) -> Facts:
+    """The facts in compat.toml, parsed and validated once; a malformed file is an ImagebuildError."""
+    return _load_facts(Path(path) if path else DATA_FILE)
+
+
+@functools.cache
+def _load_facts(path: Path) -> Facts:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ImagebuildError(f"{path}: cannot read compatibility facts: {err}") from None
+    read = _Reader(path)
+    return Facts(
+        floors=read.keyed(read.each(raw, "minor_version_compat", _floor), "major"),
+        drivers=read.keyed(read.each(raw, "driver", _driver), "cuda"),
+        archs=read.keyed(chain.from_iterable(read.each(raw, "arch", _archs)), "target"),
+        torch=tuple(read.keyed(read.each(raw, "torch", _torch), "release").values()),
+        suites=read.keyed(read.each(raw, "debian", _suite), "suite"),
+        glibc_nvcc=read.parse(raw.get("glibc_nvcc"), "[glibc_nvcc]", _glibc_nvcc),
+        toolchain=read.keyed(chain.from_iterable(read.each(raw, "toolchain", _toolchain)), "name"),
+    )
+
+
+class _Reader:
+    """Walks the data file's tables, turning every missing key or bad value into one clear error."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, problem: str) -> ImagebuildError:
+        return ImagebuildError(f"{self.path}: {where}: {problem}")
+
+    def keyed(self, facts: Iterable, key: str) -> dict:
+        """Facts by their key; the same key twice is a mistake in the file, not an override."""
+        by_key = {}
+        for fact in facts:
+            value = getattr(fact, key)
+            if value in by_key:
+                raise self.fail(f"{key} {value}", "listed twice")
+            by_key[value] = fact
+        return by_key
+
+    def each(self, raw: dict, table: str, parse) -> list:
+        entries = raw.get(table)
+        if not isinstance(entries, list) or not entries:
+            raise self.fail(f"[[{table}]]", "missing or empty")
+        return [self.parse(e, f"[[{table}]] entry {i + 1}", parse) for i, e in enumerate(entries)]
+
+    def parse(self, entry, where: str, parse):
+        if not isinstance(entry, dict):
+            raise self.fail(where, "missing, or not a table")
+        get = functools.partial(_get, entry)
+        try:
+            source = get("source", str)
+            if not source.strip():
+                raise ValueError("'source' is empty")
+            if get("basis", str) not in BASES:
+                raise ValueError(f"'basis' must be one of {', '.join(BASES)}")
+            return parse(get, source)
+        except (KeyError, TypeError, ValueError, AttributeError, InvalidVersion) as err:
+            raise self.fail(where, err.args[0] if err.args else repr(err)) from None
+
+
+_MISSING = object()
+
+
+def _get(entry: dict, key: str, kind: type, default=_MISSING):
+    value = entry.get(key, default)
+    if value is _MISSING:
+        raise KeyError(f"missing {key!r}")
+    if value is not default and not isinstance(value, kind):
+        raise TypeError(f"{key!r} must be of type {kind.__name__}, not {value!r}")
+    return value
+
+
+def _driver_text(text: str) -> str:
+    parse_driver(text)  # validates, raises ValueError
+    return text
+
+
+def _floor(get, source: str) -> FloorFact:
+    return FloorFact(get("major", int), get("floor", int), source)
+
+
+def _driver(get, source: str) -> DriverFact:
+    ga = get("ga", str)
+    return DriverFact(
+        CudaVersion.parse(get("cuda", str)),
+        None if ga == "unknown" else _driver_text(ga),
+        tuple(_driver_text(u) for u in get("updates", list, [])),
+        source,
+    )
+
+
+def _archs(get, source: str) -> list[ArchFact]:
+    first = CudaVersion.parse(get("first_cuda", str))
+    last = get("last_cuda", str, None)
+    last = CudaVersion.parse(last) if last else None
+    return [ArchFact(Arch.parse(t).sm, first, last, get("note", str, ""), source)
+            for t in get("targets", list)]
+
+
+def _torch(get, source: str) -> TorchFact:
+    fact = TorchFact(get("release", str), CudaVersion.parse(get("cuda", str)),
+                     get("carries", str), get("triton", str), source)
+    SpecifierSet(f"=={fact.release}")  # validates, raises ValueError
+    return fact
+
+
+def _suite(get, source: str) -> SuiteFacts:
+    glibc = get("glibc", str)
+    major, minor = (int(part) for part in glibc.split("."))
+    return SuiteFacts(get("suite", str), get("python", str), glibc,
+                      f"manylinux_{major}_{minor}", source)
+
+
+def _glibc_nvcc(get, source: str) -> GlibcNvccFact:
+    return GlibcNvccFact(Version(get("glibc_from", str)), CudaVersion.parse(get("nvcc_from", str)),
+                         tuple(canonicalize_name(n) for n in get("carried_by", list)), source)
+
+
+def _toolchain(get, source: str) -> list[ToolchainDist]:
+    major = get("major", int, None)
+    return [ToolchainDist(canonicalize_name(name), major, source) for name in get("names", list)]
+
+
+# --- lookups ----------------------------------------------------------------------------------
+
+def debian_suite(suite: str) -> SuiteFacts:
+    """Python and glibc of a Debian suite; an unknown suite names the known ones."""
+    suites = load_facts().suites
+    if suite not in suites:
+        raise ImagebuildError(
+            f"unknown Debian suite {suite!r}: imagebuild knows {', '.join(sorted(suites))}")
+    return suites[suite]
+
+
+def torch_cuda(version: str) -> CudaVersion | None:
+    """CUDA of a torch build: its `+cuXYZ` local tag, else its default PyPI wheels; None if unknown."""
+    parsed = _version(version)
+    if parsed is None:
+        return None
+    if parsed.local and (match := re.fullmatch(r"cu(\d{1,2})(\d)", parsed.local)):
+        return CudaVersion(int(match.group(1)), int(match.group(2)))
+    if parsed.local and _NOT_CUDA.match(parsed.local):
+        return None
+    public = Version(parsed.public)
+    return next((f.cuda for f in load_facts().torch if f.matches(public)), None)
+
+
+def _version(text: str) -> Version | None:
+    try:
+        return Version(text)
+    except (InvalidVersion, TypeError):
+        return None
+
+
+def _release_cuda(text: str) -> CudaVersion | None:
+    """The CUDA major.minor that leads a distribution's version: 13.0.88 -> 13.0."""
+    parsed = _version(text)
+    if parsed is None or len(parsed.release) < 2:
+        return None
+    return CudaVersion(parsed.release[0], parsed.release[1])
+
+
+def _native_toolkit(driver: tuple[int, ...]) -> CudaVersion | None:
+    """The newest known toolkit whose first release this driver runs natively."""
+    native = [f.cuda for f in load_facts().drivers.values() if f.ga and parse_driver(f.ga) <= driver]
+    return max(native, default=None)
+
+
+# --- rules ------------------------------------------------------------------------------------
+
+def check_driver(toolkit: CudaVersion, min_driver: str) -> list[Finding]:
+    """The oldest host driver against the toolkit: below the major's floor nothing runs."""
+    facts = load_facts()
+    evidence = f"[cuda].toolkit = {toolkit}, [cuda].min_driver = {min_driver}"
+    try:
+        driver = parse_driver(min_driver)
+    except (ValueError, AttributeError):
+        return [Finding("warning", "driver-unknown", f"{min_driver!r} is not a Linux driver version, "
+                        "so the driver was not checked.", evidence,
+                        'set [cuda].min_driver to the hosts\' driver, like "595.71.05"', DATA_FILE.name)]
+    floor = facts.floors.get(toolkit.major)
+    known = facts.drivers.get(toolkit)
+    if floor is None:
+        return [Finding("warning", "cuda-unknown", f"imagebuild has no driver facts for CUDA {toolkit}, "
+                        "so the driver was not checked.", evidence,
+                        f"pick a toolkit listed in {DATA_FILE.name}, or add CUDA {toolkit} there",
+                        f"{DATA_FILE.name}: no entry for CUDA {toolkit.major}.x")]
+    native = _native_toolkit(driver)
+    native_fix = f'set [cuda].toolkit = "{native}" (the newest CUDA driver {min_driver} runs natively), or ' \
+        if native and native < toolkit else ""
+    if driver[0] < floor.floor:
+        need = known.ga if known and known.ga else f"{floor.floor}"
+        return [Finding(
+            "error", "driver-too-old",
+            f"Driver {min_driver} cannot run CUDA {toolkit} at all: every CUDA {toolkit.major}.x "
+            f"needs driver {floor.floor} or newer, even under minor-version compatibility.",
+            f"{evidence}; CUDA {toolkit.major}.x floor {floor.floor}",
+            f"{native_fix}update the hosts' driver to {need} or newer and raise [cuda].min_driver to it",
+            floor.source)]
+    if known is None or known.ga is None:
+        return [Finding(
+            "warning", "cuda-unknown",
+            f"The minimum driver for CUDA {toolkit} is not known; driver {min_driver} meets the "
+            f"{toolkit.major}.x floor ({floor.floor}), so prebuilt SASS runs but PTX JIT may not.",
+            evidence, f"{native_fix}check NVIDIA's CUDA {toolkit} release notes and add it to {DATA_FILE.name}",
+            known.source if known else floor.source)]
+    if driver < parse_driver(known.ga):
+        return [Finding(
+            "warning", "driver-minor-compat",
+            f"Driver {min_driver} is older than CUDA {toolkit}'s minimum {known.ga}: it runs only "
+            "under minor-version compatibility, where prebuilt SASS runs but JIT-compiling PTX "
+            "(and some new APIs) needs the newer driver.",
+            f"{evidence}; CUDA {toolkit} needs {known.ga}, {toolkit.major}.x floor {floor.floor}",
+            f"{native_fix}update the hosts' driver to {known.ga} or newer and raise [cuda].min_driver to it",
+            known.source)]
+    return []
+
+
+def _as_arch(value) -> Arch | None:
+    if isinstance(value, Arch):
+        return value
+    try:
+        return Arch.parse(value)
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
+def check_archs(toolkit: CudaVersion, archs: Iterable[Arch | str]) -> list[Finding]:
+    """Each GPU target against the toolkit: too new to target, or dropped from it."""
+    facts = load_facts()
+    findings = []
+    for given in archs:
+        arch = _as_arch(given)
+        fact = facts.archs.get(arch.sm) if arch else None
+        evidence = f"[cuda].toolkit = {toolkit}, [cuda].archs has {given}"
+        if fact is None:
+            findings.append(Finding(
+                "warning", "arch-unknown", f"imagebuild does not know GPU target {given}, so "
+                f"whether CUDA {toolkit} can compile for it was not checked.",
+                evidence, f"use a target like sm_120a or 12.0f, or add {given} to {DATA_FILE.name}",
+                f"{DATA_FILE.name}: no entry for {given}"))
+        elif fact.first_cuda > toolkit:
+            fix = f'set [cuda].toolkit = "{fact.first_cuda}" or newer'
+            arch_only = facts.archs.get(fact.target[:-1] + "a") if arch.suffix == "f" else None
+            if arch_only and arch_only.first_cuda <= toolkit:
+                fix += f", or target {arch_only.target} instead (it runs on that exact GPU only)"
+            findings.append(Finding(
+                "error", "arch-needs-newer-cuda",
+                f"CUDA {toolkit} cannot compile for {fact.target}: that target first appeared in "
+                f"CUDA {fact.first_cuda}.", evidence, fix, fact.source))
+        elif fact.last_cuda and toolkit > fact.last_cuda:
+            findings.append(Finding(
+                "error", "arch-dropped",
+                f"CUDA {toolkit} can no longer compile for {fact.target}: "
+                f"{fact.note or f'the last CUDA for it is {fact.last_cuda}'}.",
+                evidence, f'set [cuda].toolkit = "{fact.last_cuda}", or drop {fact.target} from '
+                "[cuda].archs", fact.source))
+    return findings
+
+
+def check_glibc(glibc: str, nvcc: CudaVersion) -> list[Finding]:
+    """A new glibc's math headers against the nvcc (and crt headers) that will compile with them."""
+    rule = load_facts().glibc_nvcc
+    evidence = f"glibc {glibc}, nvcc {nvcc}"
+    parsed = _version(glibc)
+    if parsed is None:
+        return [Finding("warning", "glibc-unknown", f"{glibc!r} is not a glibc version, so nvcc "
+                        "was not checked against it.", evidence,
+                        'give the base\'s glibc as major.minor, like "2.36"', rule.source)]
+    if parsed < rule.glibc_from or nvcc >= rule.nvcc_from:
+        return []
+    older = [s for s in load_facts().suites.values() if Version(s.glibc) < rule.glibc_from]
+    base = max(older, key=lambda s: Version(s.glibc), default=None)
+    return [Finding(
+        "error", "glibc-breaks-nvcc",
+        f"glibc {glibc} declares rsqrt/sinpi/cospi noexcept, which breaks nvcc {nvcc}'s "
+        f"crt/math_functions.h: CUDA code will not compile before CUDA {rule.nvcc_from}.",
+        evidence,
+        f'set [cuda].toolkit = "{rule.nvcc_from}" or newer'
+        + (f', or use a base with glibc {base.glibc}: [base].debian = "{base.suite}"' if base else ""),
+        rule.source)]
+
+
+def check_torch(torch_version: str, toolkit: CudaVersion) -> list[Finding]:
+    """The CUDA torch's wheel was built for against the toolkit's major.minor."""
+    facts = load_facts()
+    evidence = f"torch {torch_version}, [cuda].toolkit = {toolkit}"
+    parsed = _version(torch_version)
+    source = f"torch's local version +{parsed.local} (PyTorch's own indexes)" if parsed and parsed.local \
+        else facts.torch[0].source
+    if parsed and parsed.local and _NOT_CUDA.match(parsed.local):
+        return [Finding("error", "torch-cuda-mismatch",
+                        f"torch {torch_version} is a build without CUDA in a CUDA {toolkit} image.",
+                        evidence, f"pin {_torch_for(toolkit)}", source)]
+    cuda = torch_cuda(torch_version)
+    if cuda is None:
+        return [Finding("warning", "torch-unknown",
+                        f"imagebuild does not know which CUDA torch {torch_version}'s wheels use, "
+                        "so it was not checked against the toolkit.", evidence,
+                        f"pin a torch listed in {DATA_FILE.name}, or add this release there",
+                        f"{DATA_FILE.name}: no entry for torch {torch_version}")]
+    if cuda == toolkit:
+        return []
+    fact = next((f for f in facts.torch if f.cuda == cuda and f.matches(Version(parsed.public))), None)
+    return [Finding(
+        "error", "torch-cuda-mismatch",
+        f"torch {torch_version} is built for CUDA {cuda}, not the image's CUDA {toolkit}.",
+        evidence + (f"; its wheel carries {fact.carries}" if fact else ""),
+        f'set [cuda].toolkit = "{cuda}", or pin {_torch_for(toolkit)}',
+        fact.source if fact else source)]
+
+
+def _torch_for(toolkit: CudaVersion) -> str:
+    """A torch pin whose default PyPI wheels use this toolkit, for a fix."""
+    releases = [f.release for f in load_facts().torch if f.cuda == toolkit]
+    if not releases:
+        return f"a torch built for CUDA {toolkit}"
+    return f"torch=={releases[-1]} (its PyPI wheels use CUDA {toolkit})"
+
+
+def check_toolchain(packages: Mapping[str, str], toolkit: CudaVersion) -> list[Finding]:
+    """Locked CUDA toolchain distributions must all carry the toolkit's major.minor; torch too."""
+    facts = load_facts()
+    locked = {canonicalize_name(str(name)): str(version) for name, version in packages.items()}
+    present = [(d, locked[d.name]) for d in facts.toolchain.values()
+               if d.name in locked and d.major in (None, toolkit.major)]
+    in_step = [f"{d.name} {v}" for d, v in present if _release_cuda(v) == toolkit]
+    findings = []
+    for dist, version in present:
+        cuda = _release_cuda(version)
+        evidence = f"{dist.name} {version} in the lock, [cuda].toolkit = {toolkit}" + (
+            f"; in step: {', '.join(in_step)}" if in_step else "")
+        if cuda is None:
+            findings.append(Finding(
+                "warning", "toolchain-version-unknown",
+                f"{dist.name} {version} does not start with a CUDA major.minor, so it was not "
+                "checked against the toolkit.", evidence,
+                f'add "{dist.name}=={toolkit}.*" to [python].constraints, then relock', dist.source))
+        elif cuda != toolkit:
+            findings.append(Finding(
+                "error", "toolchain-skew",
+                f"{dist.name} {version} is from CUDA {cuda}, but the rest of the CUDA toolchain "
+                f"must be CUDA {toolkit}: code it builds or JIT-compiles will not match.",
+                evidence, f'add "{dist.name}=={toolkit}.*" to [python].constraints, then relock',
+                dist.source))
+    if "torch" in locked:
+        findings += check_torch(locked["torch"], toolkit)
+    return findings
+
+
+# --- whole recipes ----------------------------------------------------------------------------
+
+def _base_glibc(recipe: Recipe) -> str | None:
+    """glibc of the recipe's base: an image base states it, a Debian suite comes from the facts."""
+    if isinstance(recipe.base, ImageBase):
+        return recipe.base.glibc
+    suite = load_facts().suites.get(recipe.base.suite)
+    return suite.glibc if suite else None  # an unknown suite is the recipe parser's error
+
+
+def _torch_pins(python: PythonSpec) -> list[str]:
+    """Versions pinned as `torch==X` in requirements or constraints, in order, once each."""
+    pins = []
+    for text in (*python.requirements, *python.constraints):
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(requirement.name) != "torch":
+            continue
+        for spec in requirement.specifier:
+            if spec.operator in ("==", "===") and "*" not in spec.version and spec.version not in pins:
+                pins.append(spec.version)
+    return pins
+
+
+def check_recipe(recipe: Recipe, glibc: str | None = None) -> list[Finding]:
+    """Everything knowable before resolving: driver, GPU targets, glibc vs nvcc, torch pins."""
+    if recipe.cuda is None:
+        return []
+    toolkit = recipe.cuda.toolkit
+    findings = check_driver(toolkit, recipe.cuda.min_driver) + check_archs(toolkit, recipe.cuda.archs)
+    glibc = glibc or _base_glibc(recipe)
+    if glibc:
+        findings += check_glibc(glibc, toolkit)  # the nvcc installed is the toolkit's
+    for pin in _torch_pins(recipe.python):
+        findings += check_torch(pin, toolkit)
+    return findings
+
+
+def check_resolved(recipe: Recipe, packages: Mapping[str, str], glibc: str | None = None) -> list[Finding]:
+    """On the lock: toolchain skew, torch, and glibc against the nvcc that was actually resolved."""
+    if recipe.cuda is None:
+        return []
+    findings = check_toolchain(packages, recipe.cuda.toolkit)
+    glibc = glibc or _base_glibc(recipe)
+    locked = {canonicalize_name(str(name)): str(version) for name, version in packages.items()}
+    carriers = [_release_cuda(locked[n]) for n in load_facts().glibc_nvcc.carried_by if n in locked]
+    nvcc = min((c for c in carriers if c), default=None)
+    if glibc and nvcc:
+        findings += check_glibc(glibc, nvcc)
+    return findings
+
+
+def has_errors(findings: Iterable[Finding]) -> bool:
+    return any(f.severity == "error" for f in findings)

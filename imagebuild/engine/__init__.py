@@ -1,0 +1,77 @@
+"""The engine contract: what imagebuild needs from a container engine, and nothing more.
+
+An engine builds a context into an untagged image (so a failed build or a failed smoke test never
+leaves a tag), tags it, runs a command in a throwaway container, inspects and removes images, and
+imports a rootfs tar as a base. DockerEngine (engine/docker.py) is the implementation in use.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    id: str  # sha256:...
+    size: int  # bytes, uncompressed
+    labels: dict[str, str] = field(default_factory=dict)
+    diff_ids: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+
+class Engine(abc.ABC):
+    name: str = "engine"
+
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Raise EngineUnavailable, saying how to start the engine, when it does not answer."""
+
+    @abc.abstractmethod
+    def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
+              progress: Progress = lambda _: None) -> str:
+        """Build the context's Dockerfile; return the image id. Never tags. Raises BuildFailed."""
+
+    @abc.abstractmethod
+    def tag(self, image_id: str, ref: str) -> None: ...
+
+    @abc.abstractmethod
+    def run(self, image: str, command: Sequence[str], *, network: bool = False,
+            gpus: bool = False, timeout: float = 600) -> RunResult:
+        """Run command in a fresh container that is removed afterwards."""
+
+    @abc.abstractmethod
+    def inspect(self, ref: str) -> ImageInfo | None:
+        """None when no such image exists."""
+
+    @abc.abstractmethod
+    def remove(self, ref: str) -> None:
+        """Remove an image (by id or reference); a missing image is not an error."""
+
+    @abc.abstractmethod
+    def import_rootfs(self, tar: Path, ref: str, *, arch: str = "amd64") -> str:
+        """Import a rootfs tar as a single-layer image tagged ref; return its id."""
+
+    def image_exists(self, ref: str) -> bool:
+        return self.inspect(ref) is not None
+
+
+def default_engine(name: str = "docker") -> Engine:
+    if name == "docker":
+        from imagebuild.engine.docker import DockerEngine
+        return DockerEngine()
+    from imagebuild.errors import ImagebuildError
+    raise ImagebuildError(f"unknown engine {name!r}: the engines are: docker")

@@ -1,0 +1,153 @@
+"""DockerEngine: BuildKit builds through Debian's docker CLI, everything else through the engine API."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from imagebuild.engine import Engine, ImageInfo, Progress, RunResult
+from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
+
+# Debian's docker.io CLI (20.10) runs BuildKit builds itself; newer CLIs need the buildx plugin.
+_CLI_CANDIDATES = ("/usr/bin/docker", "docker")
+_START_HINT = ("start one: as root, `dockerd >/var/log/dockerd.log 2>&1 &` (Debian package docker.io) "
+               "or `systemctl start docker`; or point DOCKER_HOST at a running engine")
+
+
+def find_cli() -> str:
+    chosen = os.environ.get("IMAGEBUILD_DOCKER_CLI")
+    for candidate in ((chosen,) if chosen else _CLI_CANDIDATES):
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise ToolMissing("no docker CLI found: `apt-get install -y docker.io` installs Debian's, which "
+                      "runs BuildKit builds (or set IMAGEBUILD_DOCKER_CLI)")
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """`host:5000/name:tag` -> (`host:5000/name`, `tag`); no tag -> `latest`."""
+    name, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag:
+        return ref, "latest"
+    return name, tag
+
+
+class DockerEngine(Engine):
+    name = "docker"
+
+    def __init__(self, cli: str | None = None):
+        self._cli = cli
+        self._client = None
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            self.check()
+        return self._client
+
+    @property
+    def cli(self) -> str:
+        if self._cli is None:
+            self._cli = find_cli()
+        return self._cli
+
+    def check(self) -> None:
+        if self._client is not None:
+            return
+        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        try:
+            client = docker.from_env(timeout=600)
+            client.ping()
+        except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as err:
+            raise EngineUnavailable(f"no Docker engine answers at {where} ({type(err).__name__}): "
+                                    f"{_START_HINT}") from None
+        self._client = client
+
+    def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
+              progress: Progress = lambda _: None) -> str:
+        self.check()
+        with tempfile.TemporaryDirectory(prefix="imagebuild-iid-") as tmp:
+            iidfile = Path(tmp) / "iid"
+            command = [self.cli, "build", "--progress=plain", "--iidfile", str(iidfile)]
+            for name, path in sorted(secrets.items()):
+                command += ["--secret", f"id={name},src={path}"]
+            command.append(str(context))
+            env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, errors="replace")
+            tail: list[str] = []
+            for line in proc.stdout:
+                line = line.rstrip()
+                tail = (tail + [line])[-60:]
+                progress(line)
+            code = proc.wait()
+            if code != 0:
+                text = "\n".join(tail)
+                if "buildx" in text and "missing" in text:
+                    raise ToolMissing(f"{self.cli} cannot run BuildKit builds without buildx: use "
+                                      "Debian's /usr/bin/docker (package docker.io) or set "
+                                      "IMAGEBUILD_DOCKER_CLI")
+                raise BuildFailed(f"docker build failed (exit {code}); no image was tagged. "
+                                  f"Last lines:\n{text}")
+            return iidfile.read_text().strip()
+
+    def tag(self, image_id: str, ref: str) -> None:
+        repository, tag = split_ref(ref)
+        self.client.api.tag(image_id, repository, tag)
+
+    def run(self, image: str, command: Sequence[str], *, network: bool = False,
+            gpus: bool = False, timeout: float = 600) -> RunResult:
+        requests_ = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
+        container = self.client.containers.create(
+            image, list(command), network_mode=None if network else "none",
+            device_requests=requests_, detach=True)
+        try:
+            container.start()
+            timed_out = False
+            try:
+                status = container.wait(timeout=timeout)
+                code = int(status.get("StatusCode", 1))
+            except requests.exceptions.RequestException:
+                container.kill()
+                code, timed_out = 124, True
+            out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+            err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+            return RunResult(code, out, err, timed_out)
+        finally:
+            container.remove(force=True)
+
+    def inspect(self, ref: str) -> ImageInfo | None:
+        try:
+            data = self.client.api.inspect_image(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as err:
+            if err.status_code in (400, 404):  # an invalid reference cannot exist
+                return None
+            raise
+        config = data.get("Config") or {}
+        return ImageInfo(id=data["Id"], size=int(data.get("Size") or 0),
+                         labels=dict(config.get("Labels") or {}),
+                         diff_ids=tuple((data.get("RootFS") or {}).get("Layers") or ()),
+                         tags=tuple(data.get("RepoTags") or ()), env=tuple(config.get("Env") or ()))
+
+    def remove(self, ref: str) -> None:
+        try:
+            self.client.api.remove_image(ref, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+
+    def import_rootfs(self, tar: Path, ref: str, *, arch: str = "amd64") -> str:
+        self.check()
+        proc = subprocess.run([self.cli, "import", str(tar), ref], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BuildFailed(f"docker import of {tar} failed: {proc.stderr.strip()}")
+        return proc.stdout.strip()

@@ -1,0 +1,450 @@
+"""Recipe: the TOML a user writes, parsed and validated into plain typed values.
+
+Every problem becomes one RecipeError naming the file, the key path, the line, and the fix.
+The types come first, then `load_recipe` / `parse_recipe`, then one checker per table.
+docs/recipes.md documents the format.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from imagebuild.cuda import Arch, CudaVersion, parse_driver
+from imagebuild.errors import RecipeError
+from imagebuild.recipe_toml import Key, RecipeReader, parse_toml, show, toml_kind
+
+
+@dataclass(frozen=True)
+class DebianBase:
+    """A Debian suite bootstrapped with mmdebstrap from Debian's packages."""
+
+    suite: str  # "bookworm"
+    packages: tuple[str, ...] = ()  # extra Debian packages, sorted, deduplicated
+    arch: str = "amd64"  # Debian architecture name
+
+
+@dataclass(frozen=True)
+class ImageBase:
+    """An existing image pinned by digest: `repo@sha256:<64 hex>`."""
+
+    ref: str
+    python: str  # target Python major.minor inside that image, e.g. "3.11"
+    glibc: str  # glibc major.minor inside that image, e.g. "2.36"
+    python_path: str = "/usr/bin/python3"
+
+
+@dataclass(frozen=True)
+class PythonSpec:
+    requirements: tuple[str, ...]  # PEP 508 strings as written
+    constraints: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()  # canonical names dropped from the resolve
+    extra_index_urls: tuple[str, ...] = ()
+    exclude_newer: str | None = None  # RFC 3339 timestamp or date
+    layers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # layer name -> name globs
+
+
+@dataclass(frozen=True)
+class CudaSpec:
+    toolkit: CudaVersion
+    archs: tuple[Arch, ...]
+    min_driver: str  # oldest driver on the hosts the image must run on, "580.65.06"
+
+
+@dataclass(frozen=True)
+class Patch:
+    package: str  # canonical distribution name
+    path: Path  # absolute path of the patch file
+    strip: int = 1
+
+
+@dataclass(frozen=True)
+class Recipe:
+    path: Path  # absolute path of the recipe file
+    name: str  # image repository name
+    tag: str
+    base: DebianBase | ImageBase
+    python: PythonSpec
+    cuda: CudaSpec | None
+    patches: tuple[Patch, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def stem(self) -> str:
+        """The lock's file name stem: recipes/cuda-toolchain.toml -> cuda-toolchain."""
+        return self.path.stem
+
+
+LAYERS = ("framework", "kernels", "libraries", "application")  # image layers, bottom to top
+DEBIAN_ARCHS = ("amd64", "arm64")
+
+_TOP_KEYS = ("image", "base", "python", "cuda", "patches", "env", "labels")
+_IMAGE_KEYS = ("name", "tag")
+_DEBIAN_KEYS = ("debian", "packages", "arch")
+_IMAGE_BASE_KEYS = ("image", "python", "glibc", "python_path")
+_PYTHON_KEYS = ("requirements", "constraints", "exclude", "extra_index_urls", "exclude_newer", "layers")
+_CUDA_KEYS = ("toolkit", "archs", "min_driver")
+_PATCH_KEYS = ("package", "file", "strip")
+
+# Docker reference grammar (distribution/reference): [registry[:port]/]component(/component)*
+_HOST = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_REGISTRY = re.compile(rf"{_HOST}(?:\.{_HOST})*(?::[0-9]+)?")
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
+
+_SUITE = re.compile(r"[a-z]+")
+_DEBIAN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
+_MAJOR_MINOR = re.compile(r"\d{1,3}\.\d{1,3}")
+_NAME_GLOB = re.compile(r"[A-Za-z0-9._*?!\[\]-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ANY_KEY = re.compile(r".+", re.DOTALL)
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2}(?:\.\d+)?)([Zz]|[+-]\d{2}:\d{2})")
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a recipe file; every problem raises one RecipeError."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise RecipeError(path, "no such recipe file") from None
+    except IsADirectoryError:
+        raise RecipeError(path, "is a directory, not a recipe file",
+                          hint="name the .toml file inside it") from None
+    except (OSError, ValueError) as err:  # permissions, a NUL byte in the name, ...
+        raise RecipeError(path, f"cannot read the recipe: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - data.rfind(b"\n", 0, err.start)
+        raise RecipeError(path, f"is not UTF-8 text (byte 0x{data[err.start]:02x})",
+                          line=line, column=column, hint="save the recipe as UTF-8") from None
+    return parse_recipe(text.removeprefix("\ufeff"), path)
+
+
+def parse_recipe(text: str, path: Path) -> Recipe:
+    """Validate recipe source; `path` names the file in errors and anchors relative patch files."""
+    path = Path(path)
+    doc = parse_toml(text, path)
+    read = RecipeReader(path, text)
+    read.known_keys(doc, (), _TOP_KEYS)
+    name, tag = _image(read, read.table(doc, ("image",), required=True, example='with name = "myorg/my-image"'))
+    base = _base(read, read.table(doc, ("base",), required=True, example='with debian = "bookworm"'))
+    python = _python(read, read.table(doc, ("python",), required=True, example='with requirements = ["torch"]'))
+    cuda = read.table(doc, ("cuda",))
+    absolute = Path(os.path.abspath(path))
+    return Recipe(
+        path=absolute,
+        name=name,
+        tag=tag,
+        base=base,
+        python=python,
+        cuda=None if cuda is None else _cuda(read, cuda),
+        patches=_patches(read, doc, absolute.parent),
+        env=_string_map(read, doc, "env", _ENV_NAME,
+                        "is not an environment variable name", "letters, digits and _, not starting with a digit"),
+        labels=_string_map(read, doc, "labels", _ANY_KEY, "is not a label key", "a label key cannot be empty"),
+    )
+
+
+def _image(read: RecipeReader, table: dict) -> tuple[str, str]:
+    read.known_keys(table, ("image",), _IMAGE_KEYS)
+    name = read.string(table, ("image", "name"), required=True, example='"myorg/my-image"')
+    _check_repository(read, ("image", "name"), name)
+    tag = read.string(table, ("image", "tag"))
+    if tag is not None and not _TAG.fullmatch(tag):
+        raise read.error(("image", "tag"), f"{show(tag)} is not a Docker tag",
+                         hint="up to 128 of A-Z a-z 0-9 _ . -, not starting with . or -")
+    return name, "latest" if tag is None else tag
+
+
+def _check_repository(read: RecipeReader, key: Key, name: str) -> None:
+    first, slash, rest = name.partition("/")
+    registry, repository = (first, rest) if slash and ("." in first or ":" in first or first == "localhost") \
+        else (None, name)
+    if len(name) > 255:
+        raise read.error(key, "a repository name is at most 255 characters")
+    if registry is not None and not _REGISTRY.fullmatch(registry):
+        raise read.error(key, f"{show(registry)} is not a registry host[:port]")
+    if _REPOSITORY.fullmatch(repository):
+        return
+    hint = "lowercase letters and digits, in components joined by '.', '_', '__', '-' or '/'"
+    if ":" in repository or "@" in repository:
+        hint = "give the repository name alone: an image's tag goes in [image] tag"
+    elif _REPOSITORY.fullmatch(repository.lower()):
+        hint = f"repository names are lowercase: {show(name[:len(name) - len(repository)] + repository.lower())}"
+    raise read.error(key, f"{show(name)} is not a Docker repository name", hint)
+
+
+def _base(read: RecipeReader, table: dict) -> DebianBase | ImageBase:
+    key = ("base",)
+    read.known_keys(table, key, _DEBIAN_KEYS + _IMAGE_BASE_KEYS)
+    if ("debian" in table) == ("image" in table):
+        message = "set debian or image, not both" if "debian" in table else "missing debian or image"
+        raise read.error(key, message, hint='debian = "bookworm" bootstraps a Debian suite; '
+                                            'image = "repo@sha256:<digest>" starts from a pinned image')
+    debian = "debian" in table
+    allowed, other = (_DEBIAN_KEYS, "an image") if debian else (_IMAGE_BASE_KEYS, "a debian")
+    for name in table:
+        if name not in allowed:
+            raise read.error(key + (name,), f"{name} only applies to {other} base",
+                             hint=f"remove it, or switch to {other} base")
+    return _debian_base(read, table) if debian else _image_base(read, table)
+
+
+def _debian_base(read: RecipeReader, table: dict) -> DebianBase:
+    key = ("base",)
+    suite = read.string(table, key + ("debian",))
+    if not _SUITE.fullmatch(suite):
+        raise read.error(key + ("debian",), f"{show(suite)} is not a Debian suite name",
+                         hint='a codename in lowercase letters, e.g. "bookworm" or "trixie"')
+    packages = read.strings(table, key + ("packages",))
+    for index, package in enumerate(packages):
+        if not _DEBIAN_PACKAGE.fullmatch(package):
+            raise read.error(key + ("packages", index), f"{show(package)} is not a Debian package name",
+                             hint="lowercase letters, digits, + - and ., starting with a letter or digit; no version")
+    arch = read.string(table, key + ("arch",))
+    if arch is not None and arch not in DEBIAN_ARCHS:
+        raise read.error(key + ("arch",), f"{show(arch)} is not a supported architecture",
+                         hint=f"one of: {', '.join(DEBIAN_ARCHS)}")
+    return DebianBase(suite=suite, packages=tuple(sorted(set(packages))), arch=arch or "amd64")
+
+
+def _image_base(read: RecipeReader, table: dict) -> ImageBase:
+    key = ("base",)
+    ref = read.string(table, key + ("image",))
+    _check_pinned(read, key + ("image",), ref)
+    python = read.string(table, key + ("python",), required=True, example='"3.11"')
+    if not _MAJOR_MINOR.fullmatch(python):
+        raise read.error(key + ("python",), f"{show(python)} is not a Python major.minor", hint='e.g. "3.11"')
+    glibc = read.string(table, key + ("glibc",), required=True, example='"2.36"')
+    if not _MAJOR_MINOR.fullmatch(glibc):
+        raise read.error(key + ("glibc",), f"{show(glibc)} is not a glibc major.minor",
+                         hint='e.g. "2.36"; `ldd --version` in the image prints it')
+    python_path = read.string(table, key + ("python_path",))
+    if python_path is not None and (not python_path.startswith("/") or "\0" in python_path):
+        raise read.error(key + ("python_path",), f"{show(python_path)} is not an absolute path",
+                         hint='e.g. "/usr/bin/python3"')
+    return ImageBase(ref=ref, python=python, glibc=glibc, python_path=python_path or "/usr/bin/python3")
+
+
+def _check_pinned(read: RecipeReader, key: Key, ref: str) -> None:
+    """`ref` must be `repo[:tag]@sha256:<64 hex>`: a tag alone can move."""
+    name, at, digest = ref.partition("@")
+    last = name.rpartition("/")[2]
+    repository, colon, tag = name.rpartition(":") if ":" in last else (name, "", "")
+    _check_repository(read, key, repository)
+    if colon and not _TAG.fullmatch(tag):
+        raise read.error(key, f"{show(tag)} is not a Docker tag")
+    if not at:
+        raise read.error(key, f"{show(ref)} is not pinned by digest",
+                         hint=f"write it as '{repository}@sha256:<64 hex digits>'; "
+                              f"`skopeo inspect --format '{{{{.Digest}}}}' docker://{ref}` prints the digest")
+    if not _SHA256.fullmatch(digest):
+        raise read.error(key, f"{show(digest)} is not a sha256 digest",
+                         hint="sha256: followed by 64 lowercase hex digits")
+
+
+def _python(read: RecipeReader, table: dict) -> PythonSpec:
+    key = ("python",)
+    read.known_keys(table, key, _PYTHON_KEYS)
+    requirements = read.strings(table, key + ("requirements",), required=True, example='["torch==2.14.1"]')
+    required_at: dict[str, int] = {}  # canonical name -> index in requirements
+    for index, text in enumerate(requirements):
+        name = canonicalize_name(_requirement(read, key + ("requirements", index), text).name)
+        if name in required_at:
+            raise read.error(key + ("requirements", index),
+                             f"{name!r} is already required by python.requirements[{required_at[name]}]",
+                             hint="merge the two into one requirement")
+        required_at[name] = index
+    constraints = read.strings(table, key + ("constraints",))
+    for index, text in enumerate(constraints):
+        _requirement(read, key + ("constraints", index), text)
+    excluded = set()
+    for index, text in enumerate(read.strings(table, key + ("exclude",))):
+        name = _distribution_name(read, key + ("exclude", index), text)
+        if name in required_at:
+            raise read.error(key + ("exclude", index),
+                             f"{name!r} is excluded but python.requirements[{required_at[name]}] requires it",
+                             hint="keep it in one of the two lists")
+        excluded.add(name)
+    urls = read.strings(table, key + ("extra_index_urls",))
+    for index, url in enumerate(urls):
+        _check_url(read, key + ("extra_index_urls", index), url)
+    return PythonSpec(
+        requirements=tuple(requirements),
+        constraints=tuple(constraints),
+        exclude=tuple(sorted(excluded)),
+        extra_index_urls=tuple(urls),
+        exclude_newer=_exclude_newer(read, table.get("exclude_newer"), key + ("exclude_newer",)),
+        layers=_layers(read, read.table(table, key + ("layers",)), key + ("layers",)),
+    )
+
+
+def _requirement(read: RecipeReader, key: Key, text: str) -> Requirement:
+    try:
+        return Requirement(text)
+    except (ValueError, RecursionError) as err:  # InvalidRequirement is a ValueError
+        raise read.error(key, f"{show(text)} is not a PEP 508 requirement: {err}",
+                         hint='e.g. "torch==2.14.1" or "cuda-toolkit[nvcc]==13.0.3.0"') from None
+
+
+def _distribution_name(read: RecipeReader, key: Key, text: str) -> str:
+    try:
+        return canonicalize_name(text, validate=True)
+    except ValueError:
+        raise read.error(key, f"{show(text)} is not a distribution name",
+                         hint='a project name as on PyPI, without a version, e.g. "torch"') from None
+
+
+def _check_url(read: RecipeReader, key: Key, url: str) -> None:
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc \
+            or any(char.isspace() or not char.isprintable() for char in url):
+        raise read.error(key, f"{show(url)} is not an http(s) URL",
+                         hint='e.g. "https://download.pytorch.org/whl/cu130"')
+
+
+def _exclude_newer(read: RecipeReader, value, key: Key) -> str | None:
+    """A stable string: dates as YYYY-MM-DD, timestamps in RFC 3339 with an upper-case T and Z."""
+    hint = 'e.g. exclude_newer = "2026-11-20T00:00:00Z" or "2026-11-20"'
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.utcoffset() is None:
+            raise read.error(key, "a timestamp needs a UTC offset", hint=hint)
+        text = value.isoformat()
+        return text.removesuffix("+00:00") + "Z" if value.utcoffset() == timedelta(0) else text
+    if isinstance(value, date):
+        return value.isoformat()
+    if not isinstance(value, str):
+        raise read.error(key, f"expected an RFC 3339 timestamp or a date, got {toml_kind(value)}", hint=hint)
+    if _DATE.fullmatch(value) and _valid_datetime(value, "%Y-%m-%d"):
+        return value
+    match = _TIMESTAMP.fullmatch(value)
+    offset = match and match[3].upper()
+    if match and _valid_datetime(f"{match[1]}T{match[2][:8]}", "%Y-%m-%dT%H:%M:%S") \
+            and (offset == "Z" or _valid_datetime(offset[1:], "%H:%M")):
+        return f"{match[1]}T{match[2]}{offset}"
+    raise read.error(key, f"{show(value)} is not an RFC 3339 timestamp or a YYYY-MM-DD date", hint=hint)
+
+
+def _valid_datetime(text: str, form: str) -> bool:
+    try:
+        datetime.strptime(text, form)
+    except ValueError:
+        return False
+    return True
+
+
+def _layers(read: RecipeReader, table: dict | None, key: Key) -> dict[str, tuple[str, ...]]:
+    if table is None:
+        return {}
+    read.known_keys(table, key, LAYERS, what="layer")
+    layers = {}
+    for name in LAYERS:  # a fixed order, whatever order the recipe uses
+        if name not in table:
+            continue
+        globs = read.strings(table, key + (name,))
+        for index, glob in enumerate(globs):
+            if not _NAME_GLOB.fullmatch(glob):
+                raise read.error(key + (name, index), f"{show(glob)} is not a distribution name glob",
+                                 hint='a name with * ? or [...] wildcards, e.g. "nvidia-*"')
+        layers[name] = tuple(globs)
+    return layers
+
+
+def _cuda(read: RecipeReader, table: dict) -> CudaSpec:
+    key = ("cuda",)
+    read.known_keys(table, key, _CUDA_KEYS)
+    toolkit = read.string(table, key + ("toolkit",), required=True, example='"13.0"')
+    if not re.fullmatch(r"\d{1,2}\.\d{1,2}", toolkit):
+        try:
+            hint = f'write the major.minor alone: "{CudaVersion.parse(toolkit)}"'
+        except ValueError:
+            hint = 'e.g. toolkit = "13.0"'
+        raise read.error(key + ("toolkit",), f"{show(toolkit)} is not a CUDA major.minor", hint=hint)
+    archs: list[Arch] = []
+    for index, text in enumerate(read.strings(table, key + ("archs",), required=True, example='["sm_120a"]')):
+        try:
+            arch = Arch.parse(text)
+        except ValueError as err:
+            raise read.error(key + ("archs", index), str(err),
+                             hint="sm_<major><minor>, or major.minor, with an optional a (this GPU only) "
+                                  "or f (its family) suffix") from None
+        if arch not in archs:
+            archs.append(arch)
+    min_driver = read.string(table, key + ("min_driver",), required=True, example='"580.65.06"')
+    try:
+        parse_driver(min_driver)
+    except ValueError as err:
+        raise read.error(key + ("min_driver",), str(err),
+                         hint="the oldest driver on the target hosts, as nvidia-smi prints it") from None
+    return CudaSpec(toolkit=CudaVersion.parse(toolkit), archs=tuple(archs), min_driver=min_driver.strip())
+
+
+def _patches(read: RecipeReader, doc: dict, folder: Path) -> tuple[Patch, ...]:
+    items = doc.get("patches")
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise read.error(("patches",), f"expected a list of tables ([[patches]]), got {toml_kind(items)}")
+    patches = []
+    for index, item in enumerate(items):
+        key = ("patches", index)
+        if not isinstance(item, dict):
+            raise read.error(key, f"expected a table, got {toml_kind(item)}")
+        read.known_keys(item, key, _PATCH_KEYS)
+        package = read.string(item, key + ("package",), required=True, example='"flashinfer-python"')
+        package = _distribution_name(read, key + ("package",), package)
+        file = read.string(item, key + ("file",), required=True, example='"patches/fix.patch"')
+        path = Path(os.path.abspath(folder / file))
+        problem = _not_a_file(path)
+        if problem:
+            raise read.error(key + ("file",), f"patch file {path} {problem}",
+                             hint=f"patch paths are relative to the recipe's folder, {folder}")
+        strip = item.get("strip", 1)
+        if isinstance(strip, bool) or not isinstance(strip, int):
+            raise read.error(key + ("strip",), f"expected an integer, got {toml_kind(strip)}")
+        if strip < 0:
+            raise read.error(key + ("strip",), "must be 0 or more", hint="the -p level of `patch`, usually 1")
+        patches.append(Patch(package=package, path=path, strip=strip))
+    return tuple(patches)
+
+
+def _not_a_file(path: Path) -> str | None:
+    try:
+        if path.is_file():
+            return None
+        return "is not a file" if path.exists() else "does not exist"
+    except (OSError, ValueError) as err:  # a name too long, a NUL byte
+        return f"cannot be read ({getattr(err, 'strerror', None) or err})"
+
+
+def _string_map(read: RecipeReader, doc: dict, name: str, pattern: re.Pattern, bad_key: str,
+                key_hint: str) -> dict[str, str]:
+    table = read.table(doc, (name,))
+    if table is None:
+        return {}
+    for item in table:
+        key = (name, item)
+        if not pattern.fullmatch(item):
+            raise read.error(key, f"{show(item)} {bad_key}", hint=key_hint)
+        if "\0" in read.string(table, key):
+            raise read.error(key, "contains a NUL character")
+    return dict(table)

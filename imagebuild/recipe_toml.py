@@ -1,0 +1,237 @@
+"""TOML plumbing for recipes: parse, find a key's line, and read typed values with located errors.
+
+tomllib returns values without positions, so `locate` scans the source: it follows `[table]` and
+`[[array]]` headers and `key = ` lines (bare, quoted and dotted keys), skipping the inside of
+multi-line arrays and strings. It is a best effort: a key it cannot find gets no line, never a wrong one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import tomllib
+from collections.abc import Iterator, Sequence
+from datetime import date, datetime, time
+from pathlib import Path
+
+from imagebuild.errors import RecipeError
+
+Key = tuple[str | int, ...]  # ("patches", 0, "file"): table names, keys, and list indices
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_KEY_PART = re.compile(r"""[ \t]*([A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')[ \t]*""")
+
+
+def dotted(key: Key) -> str:
+    """("patches", 0, "file") -> "patches[0].file"; keys that are not bare get quotes."""
+    text = ""
+    for part in key:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            name = part if _BARE_KEY.match(part) else json.dumps(part, ensure_ascii=False)
+            text += f".{name}" if text else name
+    return text
+
+
+def locate(text: str, key: Key) -> int | None:
+    """The 1-based line that sets `key`, else that of its nearest enclosing key; None if neither."""
+    statements = list(_statements(text))
+    for end in range(len(key), 0, -1):
+        target = key[:end]
+        for line_no, path in statements:
+            if path[:end] == target:
+                return line_no
+    return None
+
+
+_TOML_POSITION = re.compile(
+    r"(?P<message>.*) \(at (?:line (?P<line>\d+), column (?P<column>\d+)|end of document)\)", re.DOTALL)
+
+
+def parse_toml(text: str, path: Path) -> dict:
+    """tomllib.loads, with every failure turned into a RecipeError at the line tomllib names."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        match = _TOML_POSITION.fullmatch(str(err))
+        if not match:
+            raise RecipeError(path, f"invalid TOML: {err}") from None
+        if match["line"]:
+            line, column = int(match["line"]), int(match["column"])
+        else:
+            line, column = text.count("\n") + 1, len(text) - text.rfind("\n")
+        raise RecipeError(path, f"invalid TOML: {match['message']}", line=line, column=column) from None
+    except RecursionError:
+        raise RecipeError(path, "invalid TOML: values nested too deeply to read") from None
+    except ValueError as err:  # an integer longer than Python converts (4300 digits)
+        raise RecipeError(path, f"invalid TOML: {str(err).split(':')[0]}") from None
+
+
+class RecipeReader:
+    """Reads typed values out of a parsed recipe; a failure is one RecipeError at the key's line."""
+
+    def __init__(self, path: Path, text: str):
+        self.path = path
+        self.text = text
+
+    def error(self, key: Key, message: str, hint: str | None = None) -> RecipeError:
+        return RecipeError(self.path, message, key=dotted(key) or None, line=locate(self.text, key), hint=hint)
+
+    def known_keys(self, table: dict, key: Key, known: Sequence[str], what: str = "key") -> None:
+        for name in table:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"known {what}s: {', '.join(known)}"
+                where = f" in [{dotted(key)}]" if key else ""
+                raise self.error(key + (name,), f"unknown {what} {show(name)}{where}", hint)
+
+    def table(self, parent: dict, key: Key, *, required: bool = False, example: str = "") -> dict | None:
+        value = parent.get(key[-1])
+        if value is None and required:
+            raise self.error(key, f"missing required table [{dotted(key)}]", hint=f"add [{dotted(key)}] {example}")
+        if value is not None and not isinstance(value, dict):
+            raise self.error(key, f"expected a table, got {toml_kind(value)}")
+        return value
+
+    def string(self, parent: dict, key: Key, *, required: bool = False, example: str = "") -> str | None:
+        value = self._value(parent, key, required, example)
+        if value is None or isinstance(value, str):
+            return value
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        raise self.error(key, f"expected a string, got {toml_kind(value)}",
+                         hint="put the value in quotes" if number else None)
+
+    def strings(self, parent: dict, key: Key, *, required: bool = False, example: str = "") -> list[str]:
+        """A list of strings; `required` also means not empty."""
+        value = self._value(parent, key, required, example)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.error(key, f"expected a list of strings, got {toml_kind(value)}")
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                raise self.error(key + (index,), f"expected a string, got {toml_kind(item)}")
+        if required and not value:
+            raise self.error(key, "must not be empty", hint=f"e.g. {key[-1]} = {example}")
+        return value
+
+    def _value(self, parent: dict, key: Key, required: bool, example: str):
+        if key[-1] not in parent and required:
+            raise self.error(key, f"missing required key {key[-1]}", hint=f"add {key[-1]} = {example}")
+        return parent.get(key[-1])
+
+
+def toml_kind(value) -> str:
+    """The TOML name of a value's type, for messages."""
+    kinds = [(bool, "boolean"), (int, "integer"), (float, "float"), (str, "string"), (datetime, "datetime"),
+             (date, "date"), (time, "time"), (list, "list"), (dict, "table")]
+    return next((kind for cls, kind in kinds if isinstance(value, cls)), type(value).__name__)
+
+
+def show(value: str) -> str:
+    """A value quoted for a message, cut short when long."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:70] + "…" + text[-8:]
+
+
+def _statements(text: str) -> Iterator[tuple[int, Key]]:
+    """(line number, full key path) for each header and `key =` line, outside multi-line values."""
+    table: Key = ()
+    arrays: dict[Key, int] = {}  # array-of-tables path -> elements seen so far
+    depth, quote = 0, None  # open brackets and open multi-line string carried from earlier lines
+    for line_no, line in enumerate(text.split("\n"), start=1):
+        if depth or quote:
+            depth, quote = _carry(line, 0, depth, quote)
+            continue
+        stripped = line.lstrip(" \t")
+        start = len(line) - len(stripped)
+        if stripped.startswith("[["):
+            parts, _ = _parse_key(line, start + 2, "]]")
+            if parts:
+                array = _with_indices(parts[:-1], arrays) + (parts[-1],)
+                arrays[array] = arrays.get(array, 0) + 1
+                table = array + (arrays[array] - 1,)
+                yield line_no, table
+        elif stripped.startswith("["):
+            parts, _ = _parse_key(line, start + 1, "]")
+            if parts:
+                table = _with_indices(parts, arrays)
+                yield line_no, table
+        elif stripped and not stripped.startswith("#"):
+            parts, value_start = _parse_key(line, start, "=")
+            if parts:
+                yield line_no, table + parts
+                depth, quote = _carry(line, value_start, 0, None)
+
+
+def _with_indices(parts: tuple[str, ...], arrays: dict[Key, int]) -> Key:
+    """A header's path with the current index after each array of tables it passes through."""
+    path: Key = ()
+    for part in parts:
+        path += (part,)
+        if path in arrays:
+            path += (arrays[path] - 1,)
+    return path
+
+
+def _parse_key(line: str, pos: int, end: str) -> tuple[tuple[str, ...] | None, int]:
+    """The parts of the key starting at `pos` and the position after `end`; None if no such key."""
+    parts = []
+    while match := _KEY_PART.match(line, pos):
+        parts.append(_unquote(match.group(1)))
+        pos = match.end()
+        if not line.startswith(".", pos):
+            break
+        pos += 1
+    if parts and line.startswith(end, pos) and None not in parts:
+        return tuple(parts), pos + len(end)
+    return None, pos
+
+
+def _unquote(part: str) -> str | None:
+    if part.startswith("'"):
+        return part[1:-1]
+    if part.startswith('"'):
+        try:
+            return tomllib.loads(f"k = {part}")["k"]
+        except tomllib.TOMLDecodeError:
+            return None
+    return part
+
+
+def _carry(line: str, pos: int, depth: int, quote: str | None) -> tuple[int, str | None]:
+    """Bracket depth and open multi-line string after reading `line` from `pos`."""
+    while pos < len(line):
+        if quote:
+            if quote == '"""' and line[pos] == "\\":
+                pos += 2
+            elif line.startswith(quote, pos):
+                pos += 3
+                while pos < len(line) and line[pos] == quote[0]:  # up to two quotes may end it
+                    pos += 1
+                quote = None
+            else:
+                pos += 1
+            continue
+        char = line[pos]
+        if char == "#":
+            break
+        if line.startswith('"""', pos) or line.startswith("'''", pos):
+            quote, pos = line[pos:pos + 3], pos + 3
+        elif char == '"':
+            pos += 1
+            while pos < len(line) and line[pos] != '"':
+                pos += 2 if line[pos] == "\\" else 1
+            pos += 1
+        elif char == "'":
+            close = line.find("'", pos + 1)
+            pos = close + 1 if close >= 0 else len(line)
+        else:
+            if char in "[{":
+                depth += 1
+            elif char in "]}":
+                depth = max(depth - 1, 0)
+            pos += 1
+    return depth, quote

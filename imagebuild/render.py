@@ -1,0 +1,232 @@
+"""Render: a Lock (plus the recipe's env and labels) -> Dockerfile.j2 -> a build context on disk.
+
+All decisions are made here as plain values (layers, links, env, labels); the template only lays
+them out. Nothing is resolved inside the build: each layer installs hashed pins with --no-deps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+from packaging.version import Version
+
+from imagebuild import __version__
+from imagebuild.errors import RecipeError
+from imagebuild.layers import LAYER_ORDER
+from imagebuild.lock import Lock, template_path
+from imagebuild.recipe import Recipe
+
+VENV = "/opt/venv"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PROBE_SOURCE = Path(__file__).resolve().parent / "probe.py"
+PATCHER_SOURCE = Path(__file__).resolve().parent / "apply_patch.py"
+LABEL_PREFIX = "io.imagebuild"
+
+
+@dataclass(frozen=True)
+class Link:
+    path: str  # absolute path of the symlink
+    target: str  # what it points to, relative to its folder
+
+    @property
+    def command(self) -> str:
+        return f"ln -sfn {self.target} {self.path}"
+
+
+@dataclass(frozen=True)
+class LayerValues:
+    name: str
+    file: str
+    count: int
+    megabytes: int
+    lines: tuple[str, ...]
+    links: tuple[Link, ...]
+
+
+@dataclass(frozen=True)
+class RenderValues:
+    """Everything Dockerfile.j2 receives."""
+
+    tool_version: str
+    recipe: str
+    base_ref: str
+    python_path: str
+    venv: str
+    site_packages: str
+    env_base: dict[str, str]
+    env_recipe: dict[str, str]
+    layers: tuple[LayerValues, ...]
+    patches: tuple
+    labels: dict[str, str]
+    expect: dict
+
+
+def site_packages(lock: Lock) -> str:
+    return f"{VENV}/lib/python{lock.base.python}/site-packages"
+
+
+def cuda_home(lock: Lock) -> str | None:
+    """Where the pip CUDA toolchain lands: site-packages/nvidia/cu<major> (CUDA 13 wheels onward)."""
+    nvcc = lock.packages.get("nvidia-cuda-nvcc")
+    if nvcc is None or Version(nvcc).major < 13:
+        return None  # CUDA 12's pip packages ship no nvcc (FACTS: PyPI CUDA toolchain wheels)
+    return f"{site_packages(lock)}/nvidia/cu{Version(nvcc).major}"
+
+
+def toolchain_links(lock: Lock) -> tuple[Link, ...]:
+    """nvcc links executables against lib64 and `-cudart shared` wants libcudart.so: the wheels have neither."""
+    home = cuda_home(lock)
+    runtime = lock.packages.get("nvidia-cuda-runtime")
+    if home is None or runtime is None:
+        return ()
+    return (Link(f"{home}/lib64", "lib"),
+            Link(f"{home}/lib/libcudart.so", f"libcudart.so.{Version(runtime).major}"))
+
+
+def layer_values(lock: Lock) -> tuple[LayerValues, ...]:
+    links = toolchain_links(lock)
+    link_layer = next((w.layer for w in lock.wheels if w.name == "nvidia-cuda-runtime"), None)
+    layers = []
+    for name in LAYER_ORDER:
+        wheels = lock.layer(name)
+        if not wheels:
+            continue
+        layers.append(LayerValues(
+            name=name, file=f"{len(layers) + 1}-{name}.txt", count=len(wheels),
+            megabytes=round(sum(w.size for w in wheels) / 1e6),
+            lines=tuple(w.requirement_line for w in wheels),
+            links=links if name == link_layer else ()))
+    return tuple(layers)
+
+
+def base_env(lock: Lock) -> dict[str, str]:
+    home = cuda_home(lock)
+    env = {"VIRTUAL_ENV": VENV}
+    if home:
+        env |= {"CUDA_HOME": home, "PATH": f"{VENV}/bin:{home}/bin:{SYSTEM_PATH}",
+                "LIBRARY_PATH": f"{home}/lib", "LD_LIBRARY_PATH": f"{home}/lib"}
+    else:
+        env["PATH"] = f"{VENV}/bin:{SYSTEM_PATH}"
+    return env
+
+
+def labels(lock: Lock, recipe: Recipe) -> dict[str, str]:
+    ours = {
+        "org.opencontainers.image.title": recipe.name,
+        "org.opencontainers.image.version": recipe.tag,
+        f"{LABEL_PREFIX}.version": __version__,
+        f"{LABEL_PREFIX}.recipe": lock.recipe,
+        f"{LABEL_PREFIX}.recipe.sha256": lock.recipe_sha256,
+        f"{LABEL_PREFIX}.lock.sha256": lock.sha256,
+        f"{LABEL_PREFIX}.template.sha256": lock.template_sha256,
+        f"{LABEL_PREFIX}.base": lock.base.image_ref,
+    }
+    if lock.cuda:
+        ours[f"{LABEL_PREFIX}.cuda"] = lock.cuda["toolkit"]
+        ours[f"{LABEL_PREFIX}.cuda.archs"] = ",".join(lock.cuda["archs"])
+    if lock.patches:
+        ours[f"{LABEL_PREFIX}.patches"] = ",".join(f"{p.package}:{p.sha256}" for p in lock.patches)
+    clash = sorted(k for k in recipe.labels if k.startswith(LABEL_PREFIX + "."))
+    if clash:
+        raise RecipeError(recipe.path, f"label {clash[0]!r} is reserved for imagebuild's own labels",
+                          key=f"labels.{clash[0]}", hint="use another label prefix")
+    return dict(sorted((recipe.labels | ours).items()))
+
+
+def expectations(lock: Lock) -> dict:
+    """What the in-image probe checks the image against (probe.py reads this file)."""
+    home = cuda_home(lock)
+    cuda = dict(lock.cuda, home=home) if lock.cuda and home else None
+    deep_gemm = any(name in lock.packages for name in ("sgl-deep-gemm", "deep-gemm"))
+    return {"python": {"executable": f"{VENV}/bin/python", "version": lock.base.python},
+            "packages": lock.packages, "cuda": cuda,
+            "deep_gemm": {"compile": bool(cuda and deep_gemm)},
+            "patches": [{"package": p.package, "sha256": p.sha256} for p in lock.patches]}
+
+
+def render_values(lock: Lock, recipe: Recipe) -> RenderValues:
+    for name, value in recipe.env.items():
+        if "\n" in value or "\r" in value:
+            raise RecipeError(recipe.path, "an env value cannot span lines in a Dockerfile",
+                              key=f"env.{name}", hint="put it on one line")
+    return RenderValues(
+        tool_version=__version__, recipe=lock.recipe, base_ref=lock.base.image_ref,
+        python_path=lock.base.python_path, venv=VENV, site_packages=site_packages(lock),
+        env_base=base_env(lock), env_recipe=dict(recipe.env), layers=layer_values(lock),
+        patches=lock.patches, labels=labels(lock, recipe), expect=expectations(lock))
+
+
+def docker_quote(value: str) -> str:
+    """A double-quoted Dockerfile word: no variable expansion, no escapes left to interpret."""
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+    escaped = escaped.replace("\n", " ").replace("\r", " ")
+    return f'"{escaped}"'
+
+
+def assignments(pairs: dict[str, str]) -> str:
+    """`KEY="value"` pairs for ENV and LABEL, one per continued line."""
+    keys_need_quotes = any(not key.replace("_", "").isalnum() for key in pairs)
+    return " \\\n    ".join(
+        f"{docker_quote(key) if keys_need_quotes else key}={docker_quote(value)}"
+        for key, value in pairs.items())
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_path().parent)),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
+                             autoescape=False)
+    env.filters["assignments"] = assignments
+    return env
+
+
+def render_dockerfile(values: RenderValues) -> str:
+    template = _environment().get_template(template_path().name)
+    return template.render(**vars(values))
+
+
+def render_context(lock: Lock, recipe: Recipe, out_dir: Path, *, uv_path: str | None,
+                   lock_text: str | None = None) -> Path:
+    """Write the build context into out_dir (made fresh via a temp dir + rename); return it."""
+    values = render_values(lock, recipe)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        (staging / "Dockerfile").write_text(render_dockerfile(values))
+        (staging / "requirements").mkdir()
+        for layer in values.layers:
+            (staging / "requirements" / layer.file).write_text("\n".join(layer.lines) + "\n")
+        meta = staging / "imagebuild"
+        meta.mkdir()
+        shutil.copyfile(PROBE_SOURCE, meta / "probe.py")
+        (meta / "expect.json").write_text(json.dumps(values.expect, indent=2, sort_keys=True) + "\n")
+        (meta / "lock.json").write_text(lock_text if lock_text is not None else lock.to_json())
+        if lock.patches:
+            shutil.copyfile(PATCHER_SOURCE, meta / "apply_patch.py")
+            (staging / "patches").mkdir()
+            # A fresh lock lists the recipe's patches in the recipe's order.
+            for source, patch in zip(recipe.patches, lock.patches, strict=True):
+                shutil.copyfile(source.path, staging / "patches" / patch.file)
+        if uv_path:
+            (staging / "tools").mkdir()
+            _link_or_copy(Path(uv_path), staging / "tools" / "uv")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem: copy, keeping the executable bit
+        shutil.copy2(source, target)

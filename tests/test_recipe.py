@@ -1,0 +1,509 @@
+"""Recipe parsing: valid recipes become typed values; every bad input becomes one located RecipeError."""
+
+from __future__ import annotations
+
+import json
+import math
+import string
+import tempfile
+from datetime import date, datetime, time, timezone
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from imagebuild.cuda import Arch, CudaVersion
+from imagebuild.errors import RecipeError
+from imagebuild.recipe import DebianBase, ImageBase, Patch, Recipe, load_recipe, parse_recipe
+from imagebuild.recipe_toml import dotted, locate
+
+FIXTURES = Path(__file__).parent / "fixtures" / "recipes"
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+# A valid recipe the error cases below each break in one place.
+BASE = """\
+[image]
+name = "imagebuild/cuda-toolchain"
+tag = "13.0"
+
+[base]
+debian = "bookworm"
+packages = ["g++", "libc6-dev"]
+
+[python]
+requirements = [
+    "cuda-toolkit[nvcc]==13.0.3.0",
+    "sgl-deep-gemm==0.2.3.post2",
+]
+exclude = ["torch"]
+exclude_newer = "2026-11-20T00:00:00Z"
+
+[cuda]
+toolkit = "13.0"
+archs = ["sm_120a", "12.0f"]
+min_driver = "580.65.06"
+
+[[patches]]
+package = "flashinfer-python"
+file = "fix.patch"
+
+[env]
+CUDA_HOME = "/opt/cuda"
+"""
+
+IMAGE_BASE = f"""\
+[base]
+image = "registry.example:5000/library/debian@{DIGEST}"
+python = "3.11"
+glibc = "2.36"
+"""
+
+
+def write_recipe(folder: Path, text: str) -> Path:
+    (folder / "fix.patch").write_text("--- a/x\n+++ b/x\n")
+    path = folder / "recipe.toml"
+    path.write_text(text)
+    return path
+
+
+def recipe_error(folder: Path, text: str) -> RecipeError:
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(write_recipe(folder, text))
+    return caught.value
+
+
+def edit(old: str, new: str, text: str = BASE) -> str:
+    assert old in text, old
+    return text.replace(old, new, 1)
+
+
+def line_of(text: str, snippet: str) -> int:
+    return next(number for number, line in enumerate(text.split("\n"), 1) if snippet in line)
+
+
+# --- valid recipes -----------------------------------------------------------------------------
+
+def test_full_debian_recipe():
+    recipe = load_recipe(FIXTURES / "cuda-toolchain.toml")
+    assert recipe.path == (FIXTURES / "cuda-toolchain.toml").absolute()
+    assert recipe.stem == "cuda-toolchain"
+    assert (recipe.name, recipe.tag) == ("imagebuild/cuda-toolchain", "13.0")
+    assert recipe.base == DebianBase(suite="bookworm", packages=("g++", "libc6-dev"), arch="amd64")
+    python = recipe.python
+    assert python.requirements == ("cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.3.0", "sgl-deep-gemm==0.2.3.post2")
+    assert python.constraints == ("nvidia-cuda-runtime==13.0.96",)
+    assert python.exclude == ("torch", "triton")
+    assert python.extra_index_urls == ("https://download.pytorch.org/whl/cu130",)
+    assert python.exclude_newer == "2026-11-20T00:00:00Z"  # a TOML datetime, written back as a string
+    assert python.layers == {"framework": ("nvidia-*",), "kernels": ("sgl-deep-gemm", "flashinfer-*")}
+    assert list(python.layers) == ["framework", "kernels"]
+    assert recipe.cuda.toolkit == CudaVersion(13, 0)
+    assert recipe.cuda.archs == (Arch(12, 0, "a"), Arch(12, 0, "f"))  # 12.0a repeats sm_120a
+    assert recipe.cuda.min_driver == "580.65.06"
+    assert recipe.patches == (
+        Patch("flashinfer-python", FIXTURES.absolute() / "patches" / "flashinfer.patch", 1),
+        Patch("sgl-deep-gemm", FIXTURES.absolute() / "patches" / "deep-gemm.patch", 0),
+    )
+    assert recipe.env["DG_JIT_USE_NVRTC"] == "0"
+    assert recipe.labels == {"org.opencontainers.image.source": "https://example.invalid/imagebuild"}
+
+
+def test_full_image_recipe():
+    recipe = load_recipe(str(FIXTURES / "sglang-on-image.toml"))
+    assert recipe.name == "registry.example:5000/ml/sglang"
+    assert recipe.tag == "latest"
+    assert recipe.base == ImageBase(ref=f"registry.example:5000/library/debian:bookworm@{DIGEST}",
+                                    python="3.11", glibc="2.36", python_path="/usr/bin/python3")
+    assert recipe.cuda is None
+    assert recipe.python.exclude_newer == "2026-11-20"
+    assert (recipe.patches, recipe.env, recipe.labels) == ((), {}, {})
+
+
+def test_parse_recipe_resolves_patches_from_the_given_path(tmp_path):
+    write_recipe(tmp_path, "")
+    recipe = parse_recipe(BASE, tmp_path / "elsewhere.toml")
+    assert recipe.path == tmp_path / "elsewhere.toml"
+    assert recipe.patches[0].path == tmp_path / "fix.patch"
+
+
+def test_quoted_dotted_and_inline_forms(tmp_path):
+    text = f"""\
+image.name = "a/b"
+"base" = {{ image = "debian@{DIGEST}", python = "3.12", glibc = "2.41", python_path = "/opt/py/bin/python" }}
+[python]
+'requirements' = ["torch==2.14.1; python_version >= '3.11'"]
+exclude_newer = 2026-11-20
+[python.layers]
+framework = ["torch", "nvidia-*"]
+"""
+    recipe = load_recipe(write_recipe(tmp_path, text))
+    assert recipe.base.python_path == "/opt/py/bin/python"
+    assert recipe.python.exclude_newer == "2026-11-20"
+    assert recipe.python.layers == {"framework": ("torch", "nvidia-*")}
+
+
+@pytest.mark.parametrize("value, stored", [
+    ("2026-11-20T00:00:00Z", "2026-11-20T00:00:00Z"),
+    ('"2026-11-20t01:02:03.5z"', "2026-11-20T01:02:03.5Z"),
+    ('"2026-11-20 01:02:03+01:00"', "2026-11-20T01:02:03+01:00"),
+    ("2026-11-20T01:02:03-05:00", "2026-11-20T01:02:03-05:00"),
+    ("2026-11-20", "2026-11-20"),
+])
+def test_exclude_newer_is_a_stable_string(tmp_path, value, stored):
+    text = edit('exclude_newer = "2026-11-20T00:00:00Z"', f"exclude_newer = {value}")
+    assert load_recipe(write_recipe(tmp_path, text)).python.exclude_newer == stored
+
+
+# --- errors in the recipe's keys: (old, new, key, line snippet, message part, hint part) --------
+
+KEY_ERRORS = [
+    ("requirements = [", "requirments = [", "python.requirments", "requirments",
+     "unknown key 'requirments' in [python]", "did you mean 'requirements'?"),
+    ("[python]", "[pyhton]", "pyhton", "[pyhton]", "unknown key 'pyhton'", "did you mean 'python'?"),
+    ('archs = ["sm_120a", "12.0f"]', "archs = 5", "cuda.archs", "archs",
+     "[cuda.archs] expected a list of strings, got integer", None),
+    ('archs = ["sm_120a", "12.0f"]', 'archs = ["sm_120a", 120]', "cuda.archs[1]", "archs",
+     "expected a string, got integer", None),
+    ('archs = ["sm_120a", "12.0f"]', 'archs = ["sm_120x"]', "cuda.archs[0]", "archs",
+     "'sm_120x' is not a GPU target", "sm_<major><minor>"),
+    ('archs = ["sm_120a", "12.0f"]', "archs = []", "cuda.archs", "archs", "must not be empty", "e.g. archs ="),
+    ('"sgl-deep-gemm==0.2.3.post2"', '"sgl-deep-gemm>=0.2,<"', "python.requirements[1]", "requirements",
+     "'sgl-deep-gemm>=0.2,<' is not a PEP 508 requirement: Expected", "torch==2.14.1"),
+    ('    "sgl-deep-gemm==0.2.3.post2",\n', '    "sgl-deep-gemm==0.2.3.post2",\n    "Cuda_Toolkit==13.0.2",\n',
+     "python.requirements[2]", "requirements", "'cuda-toolkit' is already required by python.requirements[0]",
+     "merge"),
+    ('exclude = ["torch"]', 'exclude = ["torch", "SGL_deep.gemm"]', "python.exclude[1]", "exclude",
+     "'sgl-deep-gemm' is excluded but python.requirements[1] requires it", None),
+    ('exclude = ["torch"]', 'exclude = ["torch==2"]', "python.exclude[0]", "exclude",
+     "'torch==2' is not a distribution name", None),
+    ('exclude = ["torch"]', 'extra_index_urls = ["ftp://mirror/simple"]', "python.extra_index_urls[0]",
+     "extra_index_urls", "is not an http(s) URL", None),
+    ('"2026-11-20T00:00:00Z"', '"yesterday"', "python.exclude_newer", "exclude_newer",
+     "'yesterday' is not an RFC 3339 timestamp", "2026-11-20T00:00:00Z"),
+    ('"2026-11-20T00:00:00Z"', "2026-11-20T00:00:00", "python.exclude_newer", "exclude_newer",
+     "a timestamp needs a UTC offset", None),
+    ('"2026-11-20T00:00:00Z"', "true", "python.exclude_newer", "exclude_newer",
+     "expected an RFC 3339 timestamp or a date, got boolean", None),
+    ('exclude = ["torch"]', 'layers = { kernel = ["deep*"] }', "python.layers.kernel", "layers",
+     "unknown layer 'kernel' in [python.layers]", "did you mean 'kernels'?"),
+    ('toolkit = "13.0"', 'toolkit = "13.0.88"', "cuda.toolkit", "toolkit",
+     "'13.0.88' is not a CUDA major.minor", '"13.0"'),
+    ('toolkit = "13.0"', "toolkit = 13.0", "cuda.toolkit", "toolkit", "expected a string, got float", "quotes"),
+    ('min_driver = "580.65.06"\n', "", "cuda.min_driver", "[cuda]", "missing required key min_driver",
+     'add min_driver = "580.65.06"'),
+    ('min_driver = "580.65.06"', 'min_driver = "580"', "cuda.min_driver", "min_driver",
+     "'580' is not a Linux driver version", "nvidia-smi"),
+    ('name = "imagebuild/cuda-toolchain"', 'name = "ImageBuild/CUDA"', "image.name", "name",
+     "'ImageBuild/CUDA' is not a Docker repository name", "lowercase: 'imagebuild/cuda'"),
+    ('name = "imagebuild/cuda-toolchain"', 'name = "imagebuild/cuda:13.0"', "image.name", "name",
+     "is not a Docker repository name", "[image] tag"),
+    ('tag = "13.0"', 'tag = ".13"', "image.tag", "tag", "'.13' is not a Docker tag", None),
+    ('debian = "bookworm"', 'debian = "Bookworm"', "base.debian", "debian", "is not a Debian suite", None),
+    ('["g++", "libc6-dev"]', '["g++", "libc6-dev=2.36"]', "base.packages[1]", "packages",
+     "'libc6-dev=2.36' is not a Debian package name", "no version"),
+    ('debian = "bookworm"', 'debian = "bookworm"\narch = "i386"', "base.arch", "arch",
+     "'i386' is not a supported architecture", "amd64, arm64"),
+    ('debian = "bookworm"', 'debian = "bookworm"\nglibc = "2.36"', "base.glibc", "glibc",
+     "glibc only applies to an image base", None),
+    ('debian = "bookworm"', f'debian = "bookworm"\nimage = "debian@{DIGEST}"', "base", "[base]",
+     "set debian or image, not both", None),
+    ('debian = "bookworm"\npackages = ["g++", "libc6-dev"]', "", "base", "[base]", "missing debian or image",
+     'debian = "bookworm"'),
+    ('file = "fix.patch"', 'file = "patches/missing.patch"', "patches[0].file", "file",
+     "patches/missing.patch does not exist", "relative to the recipe's folder"),
+    ('file = "fix.patch"', 'file = "fix.patch"\nstrip = -1', "patches[0].strip", "strip", "must be 0 or more",
+     None),
+    ('file = "fix.patch"', 'file = "fix.patch"\nstrip = "1"', "patches[0].strip", "strip",
+     "expected an integer, got string", None),
+    ('file = "fix.patch"\n', 'file = "fix.patch"\n\n[[patches]]\nfile = "fix.patch"\n', "patches[1].package",
+     "[[patches]]", "missing required key package", None),
+    ('file = "fix.patch"', 'file = "fix.patch"\npatch_level = 1', "patches[0].patch_level", "patch_level",
+     "unknown key 'patch_level' in [patches[0]]", "known keys: package, file, strip"),
+    ('CUDA_HOME = "/opt/cuda"', '1CUDA = "x"', "env.1CUDA", "1CUDA", "is not an environment variable name", None),
+    ('CUDA_HOME = "/opt/cuda"', "CUDA_HOME = 1", "env.CUDA_HOME", "CUDA_HOME", "expected a string", "quotes"),
+    ('CUDA_HOME = "/opt/cuda"', 'CUDA_HOME = "a\\u0000b"', "env.CUDA_HOME", "CUDA_HOME", "NUL", None),
+    ('CUDA_HOME = "/opt/cuda"', 'CUDA_HOME = "x"\n[labels]\n"org.x" = true', 'labels."org.x"', "org.x",
+     "expected a string, got boolean", None),
+    ("[env]", "env = 3\n[labels]", "env", "env = 3", "expected a table, got integer", None),
+]
+
+
+@pytest.mark.parametrize("old, new, key, line_snippet, message, hint", KEY_ERRORS,
+                         ids=[case[2] for case in KEY_ERRORS])
+def test_key_errors_name_file_key_line_and_hint(tmp_path, old, new, key, line_snippet, message, hint):
+    text = edit(old, new)
+    error = recipe_error(tmp_path, text)
+    assert error.key == key
+    assert error.line == line_of(text, line_snippet)
+    assert message in str(error)
+    assert str(error).startswith(f"{tmp_path / 'recipe.toml'}:{error.line}: [{key}] ")
+    if hint:
+        assert hint in error.hint
+        assert f"\n  hint: {error.hint}" in str(error)
+
+
+@pytest.mark.parametrize("base, key, line_snippet, message, hint", [
+    (IMAGE_BASE.replace(f"@{DIGEST}", ":bookworm"), "base.image", "image =",
+     "'registry.example:5000/library/debian:bookworm' is not pinned by digest",
+     "'registry.example:5000/library/debian@sha256:<64 hex digits>'"),
+    (IMAGE_BASE.replace(DIGEST, DIGEST.upper()), "base.image", "image =", "is not a sha256 digest", "lowercase"),
+    (IMAGE_BASE.replace('python = "3.11"\n', ""), "base.python", "[base]", "missing required key python",
+     'add python = "3.11"'),
+    (IMAGE_BASE.replace('glibc = "2.36"', 'glibc = "2"'), "base.glibc", "glibc", "is not a glibc major.minor",
+     "ldd --version"),
+    (IMAGE_BASE + 'python_path = "python3"\n', "base.python_path", "python_path", "is not an absolute path", None),
+    (IMAGE_BASE + "arch = \"arm64\"\n", "base.arch", "arch", "arch only applies to a debian base", None),
+])
+def test_image_base_errors(tmp_path, base, key, line_snippet, message, hint):
+    text = edit('[base]\ndebian = "bookworm"\npackages = ["g++", "libc6-dev"]\n', base)
+    error = recipe_error(tmp_path, text)
+    assert (error.key, error.line) == (key, line_of(text, line_snippet))
+    assert message in str(error)
+    assert hint is None or hint in error.hint
+
+
+def test_missing_table_has_no_line(tmp_path):
+    error = recipe_error(tmp_path, BASE.split("[python]")[0])
+    assert (error.key, error.line) == ("python", None)
+    assert "missing required table [python]" in str(error)
+    assert "requirements" in error.hint
+
+
+# --- errors in the file itself ------------------------------------------------------------------
+
+def test_missing_file(tmp_path):
+    error = recipe_error_from_path(tmp_path / "absent.toml")
+    assert str(error) == f"{tmp_path / 'absent.toml'}: no such recipe file"
+
+
+def test_directory(tmp_path):
+    error = recipe_error_from_path(tmp_path)
+    assert "is a directory" in str(error) and error.hint
+
+
+def test_bytes_that_are_not_utf8(tmp_path):
+    path = tmp_path / "recipe.toml"
+    path.write_bytes(b'[image]\nname = "caf\xe9"\n')
+    error = recipe_error_from_path(path)
+    assert (error.line, error.column) == (2, 12)
+    assert "not UTF-8 text (byte 0xe9)" in str(error)
+
+
+def test_toml_syntax_error_has_line_and_column(tmp_path):
+    text = edit('tag = "13.0"', 'tag = "13.0')
+    error = recipe_error(tmp_path, text)
+    assert (error.line, error.column, error.key) == (3, 13, None)
+    assert str(error).startswith(f"{tmp_path / 'recipe.toml'}:3:13: invalid TOML: ")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a = " + "[" * 5000 + "]" * 5000, "nested too deeply"),
+    ("a = " + "9" * 5000, "invalid TOML: Exceeds the limit"),
+    ("a = 1\nb", "invalid TOML: Expected '='"),
+    ("\ufeff" + BASE.replace("[cuda]", "[cuda]\n[cuda]"), "invalid TOML: Cannot declare"),
+])
+def test_hostile_documents(tmp_path, text, message):
+    assert message in str(recipe_error(tmp_path, text))
+
+
+def recipe_error_from_path(path: Path) -> RecipeError:
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(path)
+    return caught.value
+
+
+# --- the key locator ---------------------------------------------------------------------------
+
+LOCATOR_SOURCE = '''\
+top = 1
+[python]
+requirements = [  # a comment with [brackets]
+  "a", "fake = 1",
+  [ "x" ],
+]
+notes = """
+key = "inside a string"
+[not.a.table]
+"""
+"odd.key" . 'inner' = 2
+[[patches]]
+file = "a"
+[[patches]]
+file = "b"
+[patches.extra]
+deep = 3
+[ "python" . layers ]
+kernels = []
+'''
+
+
+@pytest.mark.parametrize("key, line", [
+    (("top",), 1),
+    (("python",), 2),
+    (("python", "requirements"), 3),
+    (("python", "requirements", 1), 3),
+    (("python", "fake"), None),
+    (("key",), None),
+    (("not",), None),
+    (("python", "odd.key", "inner"), 11),
+    (("patches", 0, "file"), 13),
+    (("patches", 1, "file"), 15),
+    (("patches", 1, "package"), 14),
+    (("patches", 1, "extra", "deep"), 17),
+    (("python", "layers", "kernels"), 19),
+    (("python", "layers", "framework"), 18),
+    (("absent", "key"), None),
+])
+def test_locate(key, line):
+    assert locate(LOCATOR_SOURCE, key) == line
+
+
+def test_dotted_quotes_keys_that_are_not_bare():
+    assert dotted(("patches", 0, "file")) == "patches[0].file"
+    assert dotted(("labels", "org.x", "a b")) == 'labels."org.x"."a b"'
+
+
+# --- properties: whatever the input, a Recipe or one RecipeError ----------------------------------
+
+SCRATCH = Path(tempfile.mkdtemp(prefix="test-recipe-"))
+(SCRATCH / "fix.patch").write_text("--- a/x\n+++ b/x\n")
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def load_or_error(data: bytes) -> Recipe | RecipeError:
+    path = SCRATCH / "recipe.toml"
+    path.write_bytes(data)
+    try:
+        return load_recipe(path)
+    except RecipeError as error:
+        assert error.line is None or 1 <= error.line <= data.count(b"\n") + 1
+        assert error.key is None or error.key.strip()
+        return error
+
+
+@PROPERTY
+@given(st.binary(max_size=400))
+def test_any_bytes_give_a_recipe_or_a_recipe_error(data):
+    load_or_error(data)
+
+
+@PROPERTY
+@given(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=400))
+def test_any_text_gives_a_recipe_or_a_recipe_error(text):
+    load_or_error(text.encode())
+
+
+@PROPERTY
+@given(st.lists(st.sampled_from(BASE.split("\n")), max_size=30))
+def test_shuffled_recipe_lines_give_a_recipe_or_a_recipe_error(lines):
+    load_or_error("\n".join(lines).encode())
+
+
+# Documents shaped like recipes: known keys with good, bad and wrongly-typed values.
+GOOD = {
+    "name": ["a/b", "registry.example:5000/x/y"], "tag": ["latest", "13.0"],
+    "debian": ["bookworm"], "packages": [["g++"], []], "arch": ["amd64", "arm64"],
+    "image": [f"debian@{DIGEST}"], "python": ["3.11"], "glibc": ["2.36"], "python_path": ["/usr/bin/python3"],
+    "requirements": [["torch==2.14.1"], ["a", "b>=1; python_version > '3'"]], "constraints": [["c<2"]],
+    "exclude": [["d"]], "extra_index_urls": [["https://x.example/simple"]],
+    "exclude_newer": ["2026-11-20", date(2026, 11, 20), datetime(2026, 11, 20, tzinfo=timezone.utc)],
+    "layers": [{"kernels": ["k*"]}, {}], "toolkit": ["13.0"], "archs": [["sm_120a", "12.0f"]],
+    "min_driver": ["580.65.06"], "package": ["p"], "file": ["fix.patch"], "strip": [0, 1],
+}
+TABLE_KEYS = {
+    "image": ["name", "tag"], "base": ["debian", "packages", "arch", "image", "python", "glibc", "python_path"],
+    "python": ["requirements", "constraints", "exclude", "extra_index_urls", "exclude_newer", "layers"],
+    "cuda": ["toolkit", "archs", "min_driver"], "patches": ["package", "file", "strip"],
+    "env": ["A", "1B", "C_D"], "labels": ["org.x", "", "a b"],
+}
+NAMES = st.sampled_from(sorted({k for keys in TABLE_KEYS.values() for k in keys} | set(TABLE_KEYS) | {"x"}))
+SCALARS = st.one_of(
+    st.text(max_size=12), st.sampled_from([v for values in GOOD.values() for v in values if isinstance(v, str)]),
+    st.integers(), st.integers(min_value=-(10 ** 40), max_value=10 ** 40), st.floats(), st.booleans(),
+    st.dates(), st.datetimes(timezones=st.none() | st.just(timezone.utc)), st.times(),
+)
+ANY_VALUE = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
+                         | st.dictionaries(NAMES | st.text(max_size=5), inner, max_size=3), max_leaves=8)
+
+
+def value_for(name: str, good_only: bool):
+    good = st.sampled_from(GOOD.get(name, ["value"]))
+    return good if good_only else st.one_of(good, good, ANY_VALUE)
+
+
+@st.composite
+def recipe_documents(draw, good_only: bool = False):
+    doc = {}
+    for table, keys in TABLE_KEYS.items():
+        if not good_only and not draw(st.booleans()):
+            continue
+        chosen = draw(st.lists(st.sampled_from(keys), unique=True, max_size=len(keys)))
+        body = {key: draw(value_for(key, good_only)) for key in chosen}
+        if table == "patches":
+            doc[table] = [body] * draw(st.integers(0, 2))
+        else:
+            doc[table] = body
+    if not good_only and draw(st.booleans()):
+        doc[draw(NAMES)] = draw(ANY_VALUE)
+    return doc
+
+
+def toml_value(value, multiline: bool = False) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return toml_string(value)
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else {math.inf: "inf", -math.inf: "-inf"}.get(value, repr(value))
+    if isinstance(value, (int, date, time)):  # datetime is a date
+        return value.isoformat() if not isinstance(value, int) else str(value)
+    if isinstance(value, list):
+        items = [toml_value(item) for item in value]
+        return "[\n" + "".join(f"  {item},\n" for item in items) + "]" if multiline else f"[{', '.join(items)}]"
+    return "{" + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+
+
+def toml_string(text: str) -> str:
+    escaped = "".join(f"\\u{ord(c):04x}" if ord(c) < 0x20 or c in '\x7f"\\' else c for c in text)
+    return f'"{escaped}"'
+
+
+def toml_key(key: str) -> str:
+    bare = key and all(c in string.ascii_letters + string.digits + "_-" for c in key)
+    return key if bare else toml_string(key)
+
+
+def toml_document(doc: dict, sections: bool, multiline: bool) -> str:
+    """A tiny TOML writer: top-level tables as [sections] or inline, arrays one item a line or not."""
+    lines = [f"{toml_key(k)} = {toml_value(v, multiline)}" for k, v in doc.items()
+             if not sections or not isinstance(v, (dict, list))
+             or isinstance(v, list) and not all(isinstance(item, dict) for item in v)]
+    for name, value in doc.items() if sections else ():
+        tables = [value] if isinstance(value, dict) else value if isinstance(value, list) else []
+        if not all(isinstance(item, dict) for item in tables) or (isinstance(value, list) and not value):
+            continue
+        for table in tables:
+            lines.append(f"\n[{toml_key(name)}]" if isinstance(value, dict) else f"\n[[{toml_key(name)}]]")
+            lines += [f"{toml_key(k)} = {toml_value(v, multiline)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+@PROPERTY
+@given(recipe_documents(), st.booleans(), st.booleans())
+def test_recipe_shaped_documents_give_a_recipe_or_a_recipe_error(doc, sections, multiline):
+    load_or_error(toml_document(doc, sections, multiline).encode())
+
+
+@PROPERTY
+@given(recipe_documents(good_only=True), st.booleans(), st.booleans())
+def test_recipe_errors_point_at_a_line_of_the_key(doc, sections, multiline):
+    """Documents built of good values fail only for structure (both bases, missing keys...)."""
+    text = toml_document(doc, sections, multiline)
+    result = load_or_error(text.encode())
+    if isinstance(result, RecipeError) and result.line is not None and result.key:
+        top = result.key.split(".")[0].split("[")[0].strip('"')
+        assert top in text.split("\n")[result.line - 1] or sections, (result, text)
+    elif isinstance(result, Recipe):
+        assert result.name == doc["image"]["name"]
+        assert json.dumps(result.python.requirements) == json.dumps(doc["python"]["requirements"])
