@@ -7,6 +7,7 @@ Exit codes: 0 ok, 1 findings with errors / failed build / failed smoke test, 2 b
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import sys
@@ -17,6 +18,10 @@ from rich.console import Console
 
 from imagebuild import __version__, pipeline
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildError, SmokeFailed
+
+# Command groups that live beside their stage: each module's add_commands(command) adds subparsers
+# whose defaults carry handler=fn(args, out, err) -> exit code.
+EXTENSIONS: tuple[str, ...] = ()
 
 _STEP = re.compile(r"^#\d+ \[[^\]]*\] ")
 
@@ -59,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     cmd = command("smoke", "re-run the in-image smoke test of a built image")
     cmd.add_argument("image")
     cmd.add_argument("--engine", default="docker", choices=["docker"])
+
+    for module in EXTENSIONS:
+        importlib.import_module(module).add_commands(command)
     return parser
 
 
@@ -104,6 +112,8 @@ def _print_smoke(console: Console, report: dict) -> None:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    if getattr(args, "handler", None):
+        return args.handler(args, out, err)
     progress = _Progress(err)
     if args.command == "check":
         report = pipeline.check(args.recipe)

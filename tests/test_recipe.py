@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
+import re
 import string
-import tempfile
+import tomllib
 from datetime import date, datetime, time, timezone
 from pathlib import Path
 
@@ -187,9 +187,9 @@ KEY_ERRORS = [
      "expected an RFC 3339 timestamp or a date, got boolean", None),
     ('exclude = ["torch"]', 'layers = { kernel = ["deep*"] }', "python.layers.kernel", "layers",
      "unknown layer 'kernel' in [python.layers]", "did you mean 'kernels'?"),
-    ('toolkit = "13.0"', 'toolkit = "13.0.88"', "cuda.toolkit", "toolkit",
+    ('toolkit = "13.0"', 'toolkit = "13.0.88"', "cuda.toolkit", "toolkit =",
      "'13.0.88' is not a CUDA major.minor", '"13.0"'),
-    ('toolkit = "13.0"', "toolkit = 13.0", "cuda.toolkit", "toolkit", "expected a string, got float", "quotes"),
+    ('toolkit = "13.0"', "toolkit = 13.0", "cuda.toolkit", "toolkit =", "expected a string, got float", "quotes"),
     ('min_driver = "580.65.06"\n', "", "cuda.min_driver", "[cuda]", "missing required key min_driver",
      'add min_driver = "580.65.06"'),
     ('min_driver = "580.65.06"', 'min_driver = "580"', "cuda.min_driver", "min_driver",
@@ -216,8 +216,8 @@ KEY_ERRORS = [
      None),
     ('file = "fix.patch"', 'file = "fix.patch"\nstrip = "1"', "patches[0].strip", "strip",
      "expected an integer, got string", None),
-    ('file = "fix.patch"\n', 'file = "fix.patch"\n\n[[patches]]\nfile = "fix.patch"\n', "patches[1].package",
-     "[[patches]]", "missing required key package", None),
+    ('file = "fix.patch"\n', 'file = "fix.patch"\n\n[[patches]]  # second\nfile = "fix.patch"\n',
+     "patches[1].package", "# second", "missing required key package", None),
     ('file = "fix.patch"', 'file = "fix.patch"\npatch_level = 1', "patches[0].patch_level", "patch_level",
      "unknown key 'patch_level' in [patches[0]]", "known keys: package, file, strip"),
     ('CUDA_HOME = "/opt/cuda"', '1CUDA = "x"', "env.1CUDA", "1CUDA", "is not an environment variable name", None),
@@ -225,14 +225,15 @@ KEY_ERRORS = [
     ('CUDA_HOME = "/opt/cuda"', 'CUDA_HOME = "a\\u0000b"', "env.CUDA_HOME", "CUDA_HOME", "NUL", None),
     ('CUDA_HOME = "/opt/cuda"', 'CUDA_HOME = "x"\n[labels]\n"org.x" = true', 'labels."org.x"', "org.x",
      "expected a string, got boolean", None),
-    ("[env]", "env = 3\n[labels]", "env", "env = 3", "expected a table, got integer", None),
+    ('[env]\nCUDA_HOME = "/opt/cuda"\n', "", "image", "[image]", "expected a table", None),  # replaced below
 ]
+KEY_ERRORS[-1] = ("[image]", "env = 3\n[image]", "env", "env = 3", "expected a table, got integer", None)
 
 
 @pytest.mark.parametrize("old, new, key, line_snippet, message, hint", KEY_ERRORS,
                          ids=[case[2] for case in KEY_ERRORS])
 def test_key_errors_name_file_key_line_and_hint(tmp_path, old, new, key, line_snippet, message, hint):
-    text = edit(old, new)
+    text = edit(old, new, BASE.split("[env]")[0] if key == "env" else BASE)
     error = recipe_error(tmp_path, text)
     assert error.key == key
     assert error.line == line_of(text, line_snippet)
@@ -343,7 +344,7 @@ kernels = []
     (("python",), 2),
     (("python", "requirements"), 3),
     (("python", "requirements", 1), 3),
-    (("python", "fake"), None),
+    (("python", "fake"), 2),
     (("key",), None),
     (("not",), None),
     (("python", "odd.key", "inner"), 11),
@@ -356,6 +357,7 @@ kernels = []
     (("absent", "key"), None),
 ])
 def test_locate(key, line):
+    assert tomllib.loads(LOCATOR_SOURCE)["patches"][1]["extra"] == {"deep": 3}
     assert locate(LOCATOR_SOURCE, key) == line
 
 
@@ -366,13 +368,18 @@ def test_dotted_quotes_keys_that_are_not_bare():
 
 # --- properties: whatever the input, a Recipe or one RecipeError ----------------------------------
 
-SCRATCH = Path(tempfile.mkdtemp(prefix="test-recipe-"))
-(SCRATCH / "fix.patch").write_text("--- a/x\n+++ b/x\n")
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def load_or_error(data: bytes) -> Recipe | RecipeError:
-    path = SCRATCH / "recipe.toml"
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("properties")
+    (folder / "fix.patch").write_text("--- a/x\n+++ b/x\n")
+    return folder
+
+
+def load_or_error(folder: Path, data: bytes) -> Recipe | RecipeError:
+    path = folder / "recipe.toml"
     path.write_bytes(data)
     try:
         return load_recipe(path)
@@ -384,20 +391,20 @@ def load_or_error(data: bytes) -> Recipe | RecipeError:
 
 @PROPERTY
 @given(st.binary(max_size=400))
-def test_any_bytes_give_a_recipe_or_a_recipe_error(data):
-    load_or_error(data)
+def test_any_bytes_give_a_recipe_or_a_recipe_error(scratch, data):
+    load_or_error(scratch, data)
 
 
 @PROPERTY
 @given(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=400))
-def test_any_text_gives_a_recipe_or_a_recipe_error(text):
-    load_or_error(text.encode())
+def test_any_text_gives_a_recipe_or_a_recipe_error(scratch, text):
+    load_or_error(scratch, text.encode())
 
 
 @PROPERTY
 @given(st.lists(st.sampled_from(BASE.split("\n")), max_size=30))
-def test_shuffled_recipe_lines_give_a_recipe_or_a_recipe_error(lines):
-    load_or_error("\n".join(lines).encode())
+def test_shuffled_recipe_lines_give_a_recipe_or_a_recipe_error(scratch, lines):
+    load_or_error(scratch, "\n".join(lines).encode())
 
 
 # Documents shaped like recipes: known keys with good, bad and wrongly-typed values.
@@ -476,34 +483,34 @@ def toml_key(key: str) -> str:
 
 def toml_document(doc: dict, sections: bool, multiline: bool) -> str:
     """A tiny TOML writer: top-level tables as [sections] or inline, arrays one item a line or not."""
-    lines = [f"{toml_key(k)} = {toml_value(v, multiline)}" for k, v in doc.items()
-             if not sections or not isinstance(v, (dict, list))
-             or isinstance(v, list) and not all(isinstance(item, dict) for item in v)]
-    for name, value in doc.items() if sections else ():
-        tables = [value] if isinstance(value, dict) else value if isinstance(value, list) else []
-        if not all(isinstance(item, dict) for item in tables) or (isinstance(value, list) and not value):
-            continue
-        for table in tables:
-            lines.append(f"\n[{toml_key(name)}]" if isinstance(value, dict) else f"\n[[{toml_key(name)}]]")
-            lines += [f"{toml_key(k)} = {toml_value(v, multiline)}" for k, v in table.items()]
+    def is_section(value) -> bool:
+        return sections and (isinstance(value, dict) or isinstance(value, list) and bool(value)
+                             and all(isinstance(item, dict) for item in value))
+
+    lines = [f"{toml_key(k)} = {toml_value(v, multiline)}" for k, v in doc.items() if not is_section(v)]
+    for name, value in doc.items():
+        if is_section(value):
+            for table in [value] if isinstance(value, dict) else value:
+                lines += ["", f"[{toml_key(name)}]" if isinstance(value, dict) else f"[[{toml_key(name)}]]"]
+                lines += [f"{toml_key(k)} = {toml_value(v, multiline)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"
 
 
 @PROPERTY
 @given(recipe_documents(), st.booleans(), st.booleans())
-def test_recipe_shaped_documents_give_a_recipe_or_a_recipe_error(doc, sections, multiline):
-    load_or_error(toml_document(doc, sections, multiline).encode())
+def test_recipe_shaped_documents_give_a_recipe_or_a_recipe_error(scratch, doc, sections, multiline):
+    load_or_error(scratch, toml_document(doc, sections, multiline).encode())
 
 
 @PROPERTY
 @given(recipe_documents(good_only=True), st.booleans(), st.booleans())
-def test_recipe_errors_point_at_a_line_of_the_key(doc, sections, multiline):
-    """Documents built of good values fail only for structure (both bases, missing keys...)."""
+def test_recipe_errors_point_at_a_line_of_the_key(scratch, doc, sections, multiline):
+    """Documents of good values fail only for structure (both bases, a missing key...), at a line naming it."""
     text = toml_document(doc, sections, multiline)
-    result = load_or_error(text.encode())
-    if isinstance(result, RecipeError) and result.line is not None and result.key:
-        top = result.key.split(".")[0].split("[")[0].strip('"')
-        assert top in text.split("\n")[result.line - 1] or sections, (result, text)
-    elif isinstance(result, Recipe):
+    result = load_or_error(scratch, text.encode())
+    if isinstance(result, Recipe):
         assert result.name == doc["image"]["name"]
-        assert json.dumps(result.python.requirements) == json.dumps(doc["python"]["requirements"])
+        assert list(result.python.requirements) == doc["python"]["requirements"]
+    elif result.line is not None:
+        parts = [part.strip('"') for part in re.split(r"[.\[\]]", result.key or "") if part.strip('"')]
+        assert any(part in text.split("\n")[result.line - 1] for part in parts), (str(result), text)

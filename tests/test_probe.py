@@ -1,0 +1,412 @@
+"""The in-image probe: its parsers on examples and arbitrary input, then the whole probe run for real
+against a venv holding the pip CUDA 13.0 toolchain and sgl-deep-gemm (no Docker, no GPU needed)."""
+
+from __future__ import annotations
+
+import ast
+import glob
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from imagebuild import probe
+
+PROBE = Path(probe.__file__)
+CUDA_WHEELS = ["cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.3.0", "sgl-deep-gemm==0.2.3.post2"]
+# What those two pins resolve to (FACTS.md, PyPI CUDA toolchain wheels): the lock the probe checks.
+LOCKED = {
+    "cuda-toolkit": "13.0.3.0",
+    "nvidia-cuda-nvcc": "13.0.88",
+    "nvidia-cuda-cccl": "13.0.85",
+    "nvidia-cuda-crt": "13.0.88",
+    "nvidia-nvvm": "13.0.88",
+    "nvidia-cuda-runtime": "13.0.96",
+    "sgl-deep-gemm": "0.2.3.post2",
+}
+NVCC_VERSION = """nvcc: NVIDIA (R) Cuda compiler driver
+Copyright (c) 2005-2025 NVIDIA Corporation
+Built on Wed_Aug_20_01:58:59_PM_PDT_2025
+Cuda compilation tools, release 13.0, V13.0.88
+Build cuda_13.0.r13.0/compiler.36424714_0
+"""
+
+
+def elf_header(machine=probe.EM_CUDA, flags=0x6007802, elf_class=2, data=1) -> bytes:
+    ident = b"\x7fELF" + bytes([elf_class, data, 1, 0x41, 8]) + bytes(7)
+    return ident + struct.pack("<HHIQQQIHHHHHH", 2, machine, 1, 0, 64, 0, flags, 64, 56, 0, 64, 0, 0)
+
+
+# ---- parsers, on examples ----
+
+def test_nvcc_release_is_read_from_version_output():
+    assert probe.parse_nvcc_release(NVCC_VERSION) == "13.0"
+    assert probe.parse_nvcc_release("Cuda compilation tools, release 12.9, V12.9.86") == "12.9"
+    assert probe.parse_nvcc_release("command not found") is None
+    assert probe.parse_nvcc_release(None) is None
+
+
+def test_cubin_header_gives_machine_and_sm_arch():
+    header = probe.parse_cubin_header(elf_header())
+    assert header == {"machine": 190, "e_flags": "0x6007802", "arch": 120, "abi_version": 8}
+    assert probe.parse_cubin_header(elf_header(flags=0x6005a02))["arch"] == 90
+
+
+@pytest.mark.parametrize("data", [b"", b"\x7fELF", elf_header(elf_class=1), elf_header(data=2),
+                                  b"MZ" + bytes(100), "not bytes", None])
+def test_cubin_header_rejects_what_is_not_a_64_bit_little_endian_elf(data):
+    assert probe.parse_cubin_header(data) is None
+
+
+def test_string_scan_finds_nul_terminated_printable_runs():
+    data = b"\x01\x02-std=c++{}\x00--cubin\x00ab\x00\xffnot terminated"
+    assert probe.scan_strings(data) == ["-std=c++{}", "--cubin"]
+    assert probe.scan_strings(None) == []
+
+
+# Literals as they sit in sgl-deep-gemm 0.2.3.post2's _C.so, with neighbours that must not count.
+C_SO_STRINGS = [
+    "--ptxas-options=--register-usage-level={}", "--gpu-architecture=sm_", "--use_fast_math",
+    "--cubin", "-std=c++{}", "-gencode=arch=compute_120f,code=sm_120f", "--compiler-options=-O",
+    "--compiler-options=-fPIC", "--compiler-options=-fconcepts", "--expt-relaxed-constexpr",
+    "--expt-extended-lambda", "--diag-suppress=39,161,174,177,186,940",
+    "--compiler-options=-Wno-deprecated-declarations,-Wno-abi", "--ptxas-options=--verbose",
+    "-inf", "->mn", "CUDA architecture must be specified", "cuobjdump did not produce valid SASS for {}",
+]
+
+
+def test_jit_flags_keep_the_always_on_options_and_fill_placeholders():
+    jit = probe.select_jit_flags(C_SO_STRINGS, environ={})
+    assert jit["gencode"] == "-gencode=arch=compute_120f,code=sm_120f"
+    assert jit["arch"] == "120f"
+    assert jit["filled"] == {"-std=c++{}": "20", "--ptxas-options=--register-usage-level={}": "10"}
+    assert set(jit["flags"]) == {
+        "--ptxas-options=--register-usage-level=10", "--gpu-architecture=sm_120f", "-O3",
+        "--compiler-options=-O3", "-std=c++20", "--compiler-options=-fPIC", "--compiler-options=-fconcepts",
+        "--expt-relaxed-constexpr", "--expt-extended-lambda", "--diag-suppress=39,161,174,177,186,940",
+        "--compiler-options=-Wno-deprecated-declarations,-Wno-abi", "-gencode=arch=compute_120f,code=sm_120f",
+    }
+    assert set(jit["conditional"]) == {"--use_fast_math", "--ptxas-options=--verbose"}
+    assert jit["cubin_flag"] == "--cubin"
+
+
+def test_jit_flags_honour_the_cpp_standard_override_and_report_a_missing_gencode():
+    jit = probe.select_jit_flags(["-std=c++{}", "--expt-relaxed-constexpr"], environ={"DG_JIT_CPP_STANDARD": "17"})
+    assert jit["flags"] == ["-std=c++17", "--expt-relaxed-constexpr"]
+    assert jit["gencode"] is None and jit["arch"] is None
+    upstream = probe.select_jit_flags(["-gencode=arch=compute_100f,code=sm_100f", "--gpu-architecture=sm_"])
+    assert upstream["gencode"] is None and upstream["flags"] == []
+
+
+VALID_EXPECT = {
+    "python": {"executable": "/opt/venv/bin/python", "version": "3.11"},
+    "packages": {"Sgl_Deep.GEMM": "0.2.3.post2", "nvidia-cuda-nvcc": "13.0.88"},
+    "cuda": {"toolkit": "13.0", "archs": ["sm_120a", "12.0f"], "home": "/opt/venv/nvidia/cu13"},
+    "deep_gemm": {"compile": True},
+}
+
+
+def test_valid_expect_is_normalised():
+    expect, errors = probe.validate_expect(VALID_EXPECT)
+    assert errors == []
+    assert expect["packages"] == {"sgl-deep-gemm": "0.2.3.post2", "nvidia-cuda-nvcc": "13.0.88"}
+    assert probe.validate_expect({**VALID_EXPECT, "cuda": None, "deep_gemm": None})[0]["deep_gemm"] == {"compile": False}
+
+
+@pytest.mark.parametrize("change", [
+    {"python": "/usr/bin/python3"},
+    {"packages": {"torch": 2.14}},
+    {"cuda": {"toolkit": "thirteen", "archs": [], "home": "/x"}},
+    {"cuda": {"toolkit": "13.0", "archs": "sm_120a", "home": "/x"}},
+    {"deep_gemm": {"compile": "yes"}},
+])
+def test_invalid_expect_is_refused_with_a_reason(change):
+    expect, errors = probe.validate_expect({**VALID_EXPECT, **change})
+    assert expect is None and errors and all(isinstance(error, str) for error in errors)
+
+
+# ---- parsers, on arbitrary input: never an exception ----
+
+@given(st.text())
+def test_nvcc_release_parser_never_raises(text):
+    release = probe.parse_nvcc_release(text)
+    assert release is None or re.fullmatch(r"[0-9]+\.[0-9]+", release)
+
+
+@given(st.binary(max_size=256) | st.binary(max_size=200).map(lambda tail: b"\x7fELF\x02\x01" + tail))
+def test_cubin_parser_never_raises(data):
+    header = probe.parse_cubin_header(data)
+    assert header is None or 0 <= header["arch"] <= 255
+
+
+@given(st.binary(max_size=2048))
+def test_string_scanner_never_raises(data):
+    assert all(text.isprintable() and len(text) >= 3 for text in probe.scan_strings(data))
+
+
+@given(st.lists(st.text(max_size=60) | st.sampled_from(C_SO_STRINGS), max_size=30))
+def test_jit_flag_selection_never_raises(strings):
+    jit = probe.select_jit_flags(strings, environ={})
+    assert all(isinstance(flag, str) and flag.startswith("-") for flag in jit["flags"])
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=15,
+)
+near_expect = st.fixed_dictionaries({
+    "python": json_values | st.fixed_dictionaries({"executable": json_values | st.text(), "version": st.text()}),
+    "packages": json_values | st.dictionaries(st.text(max_size=10), st.text(max_size=10) | json_values, max_size=4),
+    "cuda": json_values | st.fixed_dictionaries(
+        {"toolkit": st.text(max_size=8) | json_values, "archs": json_values, "home": st.text() | json_values}),
+    "deep_gemm": json_values | st.fixed_dictionaries({"compile": json_values}),
+})
+
+
+@given(json_values | near_expect)
+def test_expect_validation_never_raises(raw):
+    expect, errors = probe.validate_expect(raw)
+    assert (expect is None) == bool(errors)
+
+
+# ---- checks and CLI on this host, without the CUDA venv ----
+
+def test_probe_is_stdlib_only():
+    tree = ast.parse(PROBE.read_text(), feature_version=(3, 9))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported - {"__future__"} <= set(sys.stdlib_module_names)
+
+
+def fake_toolkit(root: Path, release: str = "13.0", lib64: bool = True) -> Path:
+    """A toolkit folder laid out like the pip wheels' nvidia/cu13, with an nvcc that only reports its release."""
+    (root / "bin").mkdir(parents=True)
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.88'\n")
+    nvcc.chmod(0o755)
+    (root / "include" / "cccl").mkdir(parents=True)
+    (root / "include" / "cuda_runtime.h").write_text("")
+    (root / "lib").mkdir()
+    (root / "lib" / "libcudart.so.13").write_text("")
+    (root / "lib" / "libcudart.so").symlink_to("libcudart.so.13")
+    if lib64:
+        (root / "lib64").symlink_to("lib")
+    return root
+
+
+def toolkit_expect(home: Path, toolkit: str = "13.0") -> dict:
+    return {"cuda": {"toolkit": toolkit, "archs": ["12.0f"], "home": str(home)}}
+
+
+def test_toolchain_check_passes_on_a_complete_layout(tmp_path):
+    result = probe.check_cuda_toolchain(toolkit_expect(fake_toolkit(tmp_path / "cu13")))
+    assert result["status"] == "pass", result["detail"]
+
+
+def test_toolchain_check_names_each_missing_piece(tmp_path):
+    home = fake_toolkit(tmp_path / "cu13", release="13.2", lib64=False)
+    (home / "include" / "cccl").rmdir()
+    result = probe.check_cuda_toolchain(toolkit_expect(home))
+    assert result["status"] == "fail"
+    for words in ("release 13.2, expected 13.0", "CCCL", "lib64 is missing", "libcudart.so"):
+        assert words in result["detail"]
+
+
+def test_gpu_check_skips_or_reports():
+    result = probe.check_gpu()
+    assert result["status"] in ("pass", "skip", "warn") and result["detail"]
+
+
+def run_cli(python, *args, env=None) -> tuple:
+    done = subprocess.run([str(python), str(PROBE), *map(str, args)], capture_output=True, text=True, env=env, timeout=900)
+    return done.returncode, json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"python": 3}', "[]"])
+def test_bad_expect_file_exits_2_with_a_json_report(tmp_path, content):
+    path = tmp_path / "expect.json"
+    path.write_text(content)
+    status, report = run_cli(sys.executable, "--expect", path)
+    assert status == 2 and report["ok"] is False
+    assert report["checks"][0]["name"] == "expect" and report["checks"][0]["status"] == "fail"
+
+
+def test_missing_expect_file_exits_2(tmp_path):
+    status, report = run_cli(sys.executable, "--expect", tmp_path / "absent.json")
+    assert status == 2 and "cannot read" in report["checks"][0]["detail"]
+
+
+def test_probe_runs_under_python_3_9():
+    python39 = shutil.which("python3.9") or next(iter(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3"))), None)
+    if python39 is None:
+        pytest.skip("no Python 3.9 on this host")
+    status, report = run_cli(python39, "--skip-compile")
+    assert status in (0, 1) and report["host"]["python"].startswith("3.9")
+    assert [check["name"] for check in report["checks"]] == [
+        "interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm120", "gpu"]
+
+
+# ---- the real thing: a venv with the pip CUDA toolchain and sgl-deep-gemm ----
+
+_OFFLINE_HINTS = ("failed to fetch", "dns", "connect", "network", "timed out", "timeout", "certificate", "tls", "offline")
+
+
+@pytest.fixture(scope="module")
+def cuda_venv(tmp_path_factory):
+    """uv installs the wheels (its cache, ~/.cache/uv by default, makes reruns take seconds)."""
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not installed")
+    root = tmp_path_factory.mktemp("probe") / "venv"
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(root)], check=True, timeout=120)
+    python = root / "bin" / "python"
+    install = subprocess.run([uv, "pip", "install", "-q", "--python", str(python), *CUDA_WHEELS],
+                             capture_output=True, text=True, timeout=900)
+    if install.returncode != 0:
+        tail = " | ".join(install.stderr.strip().splitlines()[-3:])
+        if any(hint in install.stderr.lower() for hint in _OFFLINE_HINTS):
+            pytest.skip(f"uv cannot reach PyPI for the CUDA wheels: {tail}")
+        pytest.fail(f"uv pip install failed: {tail}")
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    home = Path(site) / "nvidia" / "cu13"
+    # The renderer makes these two links in the image (the wheels ship neither): linking looks in lib64,
+    # and -lcudart needs the unversioned libcudart.so. Mirrored here so the venv matches an image.
+    (home / "lib64").symlink_to("lib")
+    (home / "lib" / "libcudart.so").symlink_to("libcudart.so.13")
+    return SimpleNamespace(root=root, python=python, home=home, site=Path(site))
+
+
+def venv_env(venv, **overrides) -> dict:
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CUDA_HOME", "CUDA_PATH")}
+    env.update(PATH=os.pathsep.join([str(venv.root / "bin"), str(venv.home / "bin"), os.environ.get("PATH", "")]),
+               CUDA_HOME=str(venv.home), VIRTUAL_ENV=str(venv.root))
+    env.update(overrides)
+    return env
+
+
+def write_expect(venv, tmp_path, toolkit="13.0", packages=None) -> Path:
+    path = tmp_path / "expect.json"
+    path.write_text(json.dumps({
+        "python": {"executable": str(venv.root / "bin" / "python"), "version": f"{sys.version_info[0]}.{sys.version_info[1]}"},
+        "packages": LOCKED if packages is None else packages,
+        "cuda": {"toolkit": toolkit, "archs": ["sm_120a", "12.0f"], "home": str(venv.home)},
+        "deep_gemm": {"compile": True},
+    }))
+    return path
+
+
+def statuses(report) -> dict:
+    return {check["name"]: check["status"] for check in report["checks"]}
+
+
+def check_named(report, name) -> dict:
+    return next(check for check in report["checks"] if check["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def passing_run(cuda_venv, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("passing")
+    return run_cli(cuda_venv.python, "--expect", write_expect(cuda_venv, tmp), "--workdir", tmp / "work",
+                   env=venv_env(cuda_venv))
+
+
+def test_probe_passes_in_the_locked_venv(passing_run):
+    status, report = passing_run
+    assert status == 0 and report["ok"] is True, [c["detail"] for c in report["checks"] if c["status"] == "fail"]
+    assert statuses(report) == {"interpreter": "pass", "packages": "pass", "cuda-toolchain": "pass",
+                                "cuda-home": "pass", "deep-gemm-sm120": "pass",
+                                "gpu": statuses(report)["gpu"]}
+    assert statuses(report)["gpu"] in ("pass", "skip")
+
+
+def test_deep_gemm_kernels_compile_to_sm120_cubins(passing_run):
+    evidence = check_named(passing_run[1], "deep-gemm-sm120")["evidence"]
+    kernels = {kernel["kernel"]: kernel for kernel in evidence["kernels"]}
+    assert set(kernels) == {"sm120_bf16_gemm_impl", "sm120_fp8_fp4_gemm_1d1d_impl"}
+    for kernel in kernels.values():
+        assert kernel["elf"]["machine"] == 190 and kernel["elf"]["arch"] == 120
+        assert kernel["kernel_symbol"] and kernel["seconds"] > 0
+    assert "-gencode=arch=compute_120f,code=sm_120f" in evidence["jit"]["flags"]
+    assert "-std=c++20" in evidence["jit"]["flags"]
+
+
+def test_scratch_folder_is_cleaned_up(passing_run, tmp_path_factory):
+    work = Path(check_named(passing_run[1], "deep-gemm-sm120")["evidence"]["kernels"][0]["header"])
+    assert work  # the compile ran; --workdir itself stays, the probe's scratch folder inside it goes
+    leftovers = glob.glob(str(tmp_path_factory.getbasetemp() / "passing*" / "work" / "imagebuild-probe-*"))
+    assert leftovers == []
+
+
+def test_jit_flags_come_from_the_installed_library(cuda_venv):
+    jit = probe.select_jit_flags(probe.scan_strings((cuda_venv.site / "deep_gemm" / "_C.so").read_bytes()), environ={})
+    assert jit["gencode"] == "-gencode=arch=compute_120f,code=sm_120f"
+    assert {"-std=c++20", "--expt-relaxed-constexpr", "--expt-extended-lambda",
+            "--diag-suppress=39,161,174,177,186,940"} <= set(jit["flags"])
+    assert jit["unfilled"] == []
+
+
+def test_wrong_toolkit_fails_the_toolchain_check(cuda_venv, tmp_path):
+    status, report = run_cli(cuda_venv.python, "--expect", write_expect(cuda_venv, tmp_path, toolkit="13.2"),
+                             "--skip-compile", env=venv_env(cuda_venv))
+    toolchain = check_named(report, "cuda-toolchain")
+    assert status == 1 and toolchain["status"] == "fail"
+    assert "nvcc is release 13.0, expected 13.2" in toolchain["detail"]
+    assert "nvidia-cuda-nvcc 13.0.88 is not CUDA 13.2" in toolchain["detail"]
+
+
+def test_package_version_mismatch_fails_the_packages_check(cuda_venv, tmp_path):
+    packages = {**LOCKED, "sgl-deep-gemm": "0.2.5", "flashinfer-python": "0.7.2"}
+    status, report = run_cli(cuda_venv.python, "--expect", write_expect(cuda_venv, tmp_path, packages=packages),
+                             "--skip-compile", env=venv_env(cuda_venv))
+    check = check_named(report, "packages")
+    assert status == 1 and check["status"] == "fail"
+    assert check["evidence"]["missing"] == ["flashinfer-python"]
+    assert check["evidence"]["wrong_version"] == {"sgl-deep-gemm": {"expected": "0.2.5", "installed": ["0.2.3.post2"]}}
+
+
+def test_unlocked_extra_distribution_only_warns(cuda_venv, tmp_path):
+    packages = {name: version for name, version in LOCKED.items() if name != "cuda-toolkit"}
+    status, report = run_cli(cuda_venv.python, "--expect", write_expect(cuda_venv, tmp_path, packages=packages),
+                             "--skip-compile", env=venv_env(cuda_venv))
+    assert status == 0 and check_named(report, "packages")["status"] == "warn"
+
+
+def test_cuda_home_elsewhere_fails_the_cuda_home_check(cuda_venv, tmp_path):
+    elsewhere = tmp_path / "cuda-elsewhere"
+    elsewhere.mkdir()
+    status, report = run_cli(cuda_venv.python, "--expect", write_expect(cuda_venv, tmp_path), "--skip-compile",
+                             env=venv_env(cuda_venv, CUDA_HOME=str(elsewhere)))
+    check = check_named(report, "cuda-home")
+    assert status == 1 and check["status"] == "fail"
+    assert check["evidence"]["found"]["deep_gemm"]["home"] == str(elsewhere)
+    assert check["evidence"]["found"]["deep_gemm"]["how"].endswith("deep_gemm/cuda_helpers.py")
+
+
+@pytest.mark.parametrize("outsider", ["test runner's venv", "base interpreter"])
+def test_probe_run_outside_the_venv_fails_the_interpreter_check(cuda_venv, tmp_path, outsider):
+    python = sys.executable if outsider == "test runner's venv" else os.path.join(sys.base_prefix, "bin", "python3")
+    status, report = run_cli(python, "--expect", write_expect(cuda_venv, tmp_path), "--skip-compile",
+                             env=venv_env(cuda_venv))
+    assert status == 1 and check_named(report, "interpreter")["status"] == "fail"
+    assert "expected " + str(cuda_venv.root / "bin" / "python") in check_named(report, "interpreter")["detail"]
+
+
+def test_python3_on_path_outside_the_venv_fails_the_interpreter_check(cuda_venv, tmp_path):
+    path = os.pathsep.join([str(cuda_venv.home / "bin"), os.path.join(sys.base_prefix, "bin"), "/usr/bin", "/bin"])
+    status, report = run_cli(cuda_venv.python, "--expect", write_expect(cuda_venv, tmp_path), "--skip-compile",
+                             env=venv_env(cuda_venv, PATH=path))
+    check = check_named(report, "interpreter")
+    assert status == 1 and check["status"] == "fail"
+    assert "`python3` on PATH is" in check["detail"]
