@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
@@ -164,8 +165,46 @@ def compile_command(recipe: Recipe, base: BaseIdentity, workdir: Path, uv: str) 
     return command
 
 
-def parse_pylock(text: str, plan: LayerPlan, source: str = "pylock.toml") -> tuple[LockedWheel, ...]:
+_LEGACY_MANYLINUX = {"2_5": "manylinux1", "2_12": "manylinux2010", "2_17": "manylinux2014"}
+
+
+def target_tags(python: str, glibc: str, arch: str) -> list[Tag]:
+    """Wheel tags the base's interpreter accepts, best first (what pip or uv inside it would pick)."""
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}[arch]
+    major, minor = (int(x) for x in glibc.split(".")[:2])
+    platforms = []
+    for glibc_minor in range(minor, 4, -1) if major == 2 else ():
+        platforms.append(f"manylinux_2_{glibc_minor}_{machine}")
+        if legacy := _LEGACY_MANYLINUX.get(f"2_{glibc_minor}"):
+            platforms.append(f"{legacy}_{machine}")
+    platforms.append(f"linux_{machine}")
+    version = tuple(int(x) for x in python.split(".")[:2])
+    return [*cpython_tags(version, platforms=platforms),
+            *compatible_tags(version, f"cp{version[0]}{version[1]}", platforms)]
+
+
+def _wheel_filename(wheel: dict) -> str:
+    return str(wheel.get("name") or str(wheel.get("url", "")).rsplit("/", 1)[-1])
+
+
+def _best_wheel(files: list, ranking: dict[Tag, int]) -> dict | None:
+    """uv lists every wheel that fits the target; keep the one an installer in the image prefers."""
+    best, best_rank = None, len(ranking)
+    for wheel in files:
+        try:
+            _, _, _, wheel_tags = parse_wheel_filename(_wheel_filename(wheel))
+        except Exception:  # packaging raises several types for bad file names
+            continue
+        rank = min((ranking.get(tag, len(ranking)) for tag in wheel_tags), default=len(ranking))
+        if rank < best_rank:
+            best, best_rank = wheel, rank
+    return best
+
+
+def parse_pylock(text: str, plan: LayerPlan, source: str = "pylock.toml",
+                 tags: list[Tag] | None = None) -> tuple[LockedWheel, ...]:
     """Read uv's PEP 751 output: one wheel per package for the target. Sdist-only packages are refused."""
+    ranking = {tag: index for index, tag in reversed(list(enumerate(tags or [])))}
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
@@ -180,11 +219,10 @@ def parse_pylock(text: str, plan: LayerPlan, source: str = "pylock.toml") -> tup
                 f"{name} {version} has no wheel for this target (only a source distribution): "
                 "imagebuild never compiles packages during a build. Pin a version that ships a wheel, "
                 f"or leave it out with [python].exclude = [\"{name}\"].")
-        if len(files) > 1:
-            raise ResolveFailed(f"{name} {version}: the resolver offered {len(files)} wheels; expected "
-                                "one for the target platform")
-        wheel = files[0]
-        filename = str(wheel.get("name") or wheel.get("url", "").rsplit("/", 1)[-1])
+        wheel = _best_wheel(files, ranking) if ranking else files[0]
+        if wheel is None:
+            raise ResolveFailed(f"{name} {version}: none of its wheels installs on the target")
+        filename = _wheel_filename(wheel)
         sha = (wheel.get("hashes") or {}).get("sha256")
         if not sha:
             raise ResolveFailed(f"{name} {version}: the index gave no sha256 for {filename}")
@@ -204,7 +242,8 @@ def resolve_wheels(recipe: Recipe, base: BaseIdentity) -> tuple[tuple[LockedWhee
             raise ResolveFailed(f"{recipe.path}: uv could not resolve [python] for Python {base.python} "
                                 f"on {base.uv_platform}:\n{proc.stderr.strip()}")
         text = (workdir / "pylock.toml").read_text()
-    return parse_pylock(text, LayerPlan.for_recipe(recipe)), uv_version(uv)
+    tags = target_tags(base.python, base.glibc, base.arch)
+    return parse_pylock(text, LayerPlan.for_recipe(recipe), tags=tags), uv_version(uv)
 
 
 def lock_patches(recipe: Recipe, packages: dict[str, str]) -> tuple[LockedPatch, ...]:

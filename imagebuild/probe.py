@@ -102,7 +102,7 @@ _OPTIMIZE_LEVEL = "3"
 # ---- pure helpers: outside input in, plain values out; they never raise ----
 
 def make_check(name: str, status: str, detail: str, **evidence) -> dict:
-    return {"name": name, "status": status, "detail": detail, "evidence": evidence}
+    return {"name": name, "status": status, "detail": " ".join(detail.split()), "evidence": evidence}
 
 
 def canonical_name(name: str) -> str:
@@ -148,7 +148,9 @@ def select_jit_flags(strings, environ=None) -> dict:
         tokens = text.split() if isinstance(text, str) else []
         if not tokens or any(not (token.startswith("-") or token == "{}") for token in tokens):
             continue  # not a list of options (messages, paths, ...)
-        found += [token for token in tokens if _NVCC_FLAG.fullmatch(token) and token not in found]
+        for token in tokens:
+            if _NVCC_FLAG.fullmatch(token) and token not in found:
+                found.append(token)
     gencode = next((flag for flag in found if _SM120_GENCODE.fullmatch(flag)), None)
     arch = _SM120_GENCODE.fullmatch(gencode).group(1) if gencode else None
     flags, conditional, filled, unfilled = [], [], {}, []
@@ -185,7 +187,8 @@ def validate_expect(raw) -> tuple:
     if not (isinstance(python, dict) and all(isinstance(python.get(key), str) for key in ("executable", "version"))):
         errors.append('"python" must be {"executable": "<path>", "version": "<major.minor>"}')
     packages = raw.get("packages")
-    if not (isinstance(packages, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in packages.items())):
+    if not (isinstance(packages, dict)
+            and all(isinstance(name, str) and isinstance(version, str) for name, version in packages.items())):
         errors.append('"packages" must map distribution names to exact version strings')
     cuda = raw.get("cuda")
     if cuda is not None and not (
@@ -194,7 +197,9 @@ def validate_expect(raw) -> tuple:
     ):
         errors.append('"cuda" must be null or {"toolkit": "13.0", "archs": [...], "home": "<path>"}')
     deep_gemm = raw.get("deep_gemm")
-    if deep_gemm is not None and not (isinstance(deep_gemm, dict) and isinstance(deep_gemm.get("compile", False), bool)):
+    if deep_gemm is not None and not (
+        isinstance(deep_gemm, dict) and isinstance(deep_gemm.get("compile", False), bool)
+    ):
         errors.append('"deep_gemm" must be null or {"compile": true|false}')
     if errors:
         return None, errors
@@ -218,12 +223,16 @@ def run_command(argv: list, timeout: float = COMMAND_TIMEOUT_S) -> tuple:
 
 
 def same_path(a, b) -> bool:
-    return bool(a) and bool(b) and os.path.realpath(a) == os.path.realpath(b)
+    try:
+        return bool(a) and bool(b) and os.path.realpath(a) == os.path.realpath(b)
+    except (TypeError, ValueError):  # a NUL byte in a path from the expect file
+        return False
 
 
 def interpreter_prefix(executable: str) -> str | None:
     status, output = run_command([executable, "-c", "import sys; print(sys.prefix)"])
-    return output.strip() if status == 0 else None
+    lines = output.strip().splitlines() if status == 0 else []
+    return lines[-1] if lines else None
 
 
 def installed_distributions() -> dict:
@@ -234,7 +243,7 @@ def installed_distributions() -> dict:
             name, version = dist.metadata["Name"], dist.version
         except Exception:  # a broken dist-info must not stop the probe
             continue
-        if name:
+        if isinstance(name, str) and isinstance(version, str):
             found.setdefault(canonical_name(name), set()).add(version)
     return {name: sorted(versions) for name, versions in found.items()}
 
@@ -300,11 +309,12 @@ def check_interpreter(expect: dict) -> dict:
         if not same_path(prefix, wanted_prefix):
             where = f"{found} (prefix {prefix})" if found else "missing"
             problems.append(f"`{command}` on PATH is {where}, not the interpreter at {wanted_prefix}")
-    evidence = {"executable": sys.executable, "prefix": sys.prefix, "base_prefix": getattr(sys, "base_prefix", None),
-                "in_venv": in_venv, "expected": executable, "on_path": on_path}
+    evidence = {"executable": sys.executable, "prefix": sys.prefix, "in_venv": in_venv,
+                "base_prefix": getattr(sys, "base_prefix", None), "expected": executable, "on_path": on_path}
     if problems:  # without an expected interpreter, nothing says which one is right: warn only
         return make_check("interpreter", FAIL if executable else WARN, "; ".join(problems), **evidence)
-    return make_check("interpreter", PASS, f"{sys.executable} in venv {sys.prefix}; python3 and python agree", **evidence)
+    return make_check("interpreter", PASS, f"{sys.executable} in venv {sys.prefix}; python3 and python agree",
+                      **evidence)
 
 
 def check_packages(expect: dict) -> dict:
@@ -322,11 +332,13 @@ def check_packages(expect: dict) -> dict:
     if missing or wrong:
         parts = ["missing: " + ", ".join(missing)] if missing else []
         if wrong:
-            parts.append("wrong version: " + ", ".join(
-                f"{name} {'/'.join(found['installed'])} (expected {found['expected']})" for name, found in wrong.items()))
+            parts.append("wrong version: " + ", ".join(f"{name} {'/'.join(found['installed'])} "
+                                                         f"(expected {found['expected']})"
+                                                         for name, found in wrong.items()))
         return make_check("packages", FAIL, "; ".join(parts), **evidence)
     if unexpected:
-        return make_check("packages", WARN, f"{len(wanted)} as locked; not in the lock: {', '.join(unexpected)}", **evidence)
+        return make_check("packages", WARN, f"{len(wanted)} as locked; not in the lock: {', '.join(unexpected)}",
+                          **evidence)
     return make_check("packages", PASS, f"all {len(wanted)} distributions installed at the locked versions", **evidence)
 
 
@@ -446,7 +458,7 @@ def check_deep_gemm_sm120(expect: dict, workdir: str | None = None, skip_compile
         return make_check(name, FAIL, f"cannot read deep_gemm's JIT library: {error}")
     evidence = {"library": library, "jit": jit}
     if not jit["gencode"]:
-        return make_check(name, FAIL, f"{library} has no SM120 gencode (-gencode=arch=compute_120…): "
+        return make_check(name, FAIL, f"{library} has no SM120 gencode (-gencode=arch=compute_120...): "
                                       "this deep_gemm does not JIT for SM120", **evidence)
     home, how = deep_gemm_cuda_home()
     home = home or (expect.get("cuda") or {}).get("home") or ""
@@ -531,8 +543,8 @@ def load_expect(path: str) -> tuple:
     try:
         with open(path, encoding="utf-8") as handle:
             raw = json.load(handle)
-    except (OSError, ValueError) as error:
-        return None, f"cannot read expect file {path}: {error}"
+    except (OSError, ValueError, RecursionError) as error:
+        return None, f"cannot read expect file {path}: {type(error).__name__}: {error}"
     expect, errors = validate_expect(raw)
     return (expect, None) if expect is not None else (None, f"invalid expect file {path}: " + "; ".join(errors))
 
@@ -547,7 +559,8 @@ def main(argv: list | None = None) -> int:
     if args.expect:
         expect, error = load_expect(args.expect)
         if error:
-            print(json.dumps(make_report([make_check("expect", FAIL, error, path=args.expect)]), indent=2, sort_keys=True))
+            report = make_report([make_check("expect", FAIL, error, path=args.expect)])
+            print(json.dumps(report, indent=2, sort_keys=True))
             return 2
     report = run_probe(expect, args.workdir, args.skip_compile)
     print(json.dumps(report, indent=2, sort_keys=True))
