@@ -138,7 +138,7 @@ def parse_patch(text: str) -> list[FilePatch]:
 
 
 def _is_file_header(lines: list[str], i: int) -> bool:
-    return lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
+    return i + 1 < len(lines) and lines[i].startswith("--- ") and lines[i + 1].startswith("+++ ")
 
 
 def _parse_git_file(lines: list[str], i: int) -> tuple[FilePatch, int]:
@@ -233,6 +233,11 @@ def _parse_hunks(lines: list[str], i: int, patch: FilePatch) -> int:
     while i < len(lines) and lines[i].startswith("@@"):
         hunk, i = _parse_hunk(lines, i)
         patch.hunks.append(hunk)
+    # a diff line right after a hunk means the header undercounts (the "-- " line signs an email)
+    if i < len(lines) and lines[i][:1] in (" ", "-", "+") and lines[i].rstrip() != "--" \
+            and not _is_file_header(lines, i):
+        raise PatchError(f"patch line {i + 1}: hunk {patch.hunks[-1].header if patch.hunks else ''} "
+                         "has more lines than the header counts")
     if not patch.hunks and not (patch.is_new or patch.is_deletion):
         raise PatchError(f"{patch.new_path}: the file header is followed by no hunk")
     return i

@@ -18,8 +18,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from imagebuild.cuda import Arch, CudaVersion, parse_driver
-from imagebuild.errors import RecipeError
-from imagebuild.recipe_toml import Key, RecipeReader, parse_toml, show, toml_kind
+from imagebuild.layers import LAYER_ORDER
+from imagebuild.recipe_toml import Key, RecipeReader, parse_toml, read_source, show, toml_kind
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,6 @@ class Recipe:
         return self.path.stem
 
 
-LAYERS = ("framework", "kernels", "libraries", "application")  # image layers, bottom to top
 DEBIAN_ARCHS = ("amd64", "arm64")
 
 _TOP_KEYS = ("image", "base", "python", "cuda", "patches", "env", "labels")
@@ -114,24 +113,7 @@ _TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2}(?:\.\d+)?)(
 
 def load_recipe(path: str | Path) -> Recipe:
     """Read and validate a recipe file; every problem raises one RecipeError."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise RecipeError(path, "no such recipe file") from None
-    except IsADirectoryError:
-        raise RecipeError(path, "is a directory, not a recipe file",
-                          hint="name the .toml file inside it") from None
-    except (OSError, ValueError) as err:  # permissions, a NUL byte in the name, ...
-        raise RecipeError(path, f"cannot read the recipe: {getattr(err, 'strerror', None) or err}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        column = err.start - data.rfind(b"\n", 0, err.start)
-        raise RecipeError(path, f"is not UTF-8 text (byte 0x{data[err.start]:02x})",
-                          line=line, column=column, hint="save the recipe as UTF-8") from None
-    return parse_recipe(text.removeprefix("\ufeff"), path)
+    return parse_recipe(read_source(Path(path)), Path(path))
 
 
 def parse_recipe(text: str, path: Path) -> Recipe:
@@ -355,9 +337,9 @@ def _valid_datetime(text: str, form: str) -> bool:
 def _layers(read: RecipeReader, table: dict | None, key: Key) -> dict[str, tuple[str, ...]]:
     if table is None:
         return {}
-    read.known_keys(table, key, LAYERS, what="layer")
+    read.known_keys(table, key, LAYER_ORDER, what="layer")
     layers = {}
-    for name in LAYERS:  # a fixed order, whatever order the recipe uses
+    for name in LAYER_ORDER:  # a fixed order, whatever order the recipe uses
         if name not in table:
             continue
         globs = read.strings(table, key + (name,))

@@ -1,8 +1,8 @@
-"""TOML plumbing for recipes: parse, find a key's line, and read typed values with located errors.
+"""TOML plumbing for recipes: read the source, parse it, and read typed values with located errors.
 
 tomllib returns values without positions, so `locate` scans the source: it follows `[table]` and
 `[[array]]` headers and `key = ` lines (bare, quoted and dotted keys), skipping the inside of
-multi-line arrays and strings. It is a best effort: a key it cannot find gets no line, never a wrong one.
+multi-line arrays and strings. A key it cannot find gets the line of its nearest enclosing key, or none.
 """
 
 from __future__ import annotations
@@ -19,35 +19,29 @@ from imagebuild.errors import RecipeError
 
 Key = tuple[str | int, ...]  # ("patches", 0, "file"): table names, keys, and list indices
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _KEY_PART = re.compile(r"""[ \t]*([A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')[ \t]*""")
-
-
-def dotted(key: Key) -> str:
-    """("patches", 0, "file") -> "patches[0].file"; keys that are not bare get quotes."""
-    text = ""
-    for part in key:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            name = part if _BARE_KEY.match(part) else json.dumps(part, ensure_ascii=False)
-            text += f".{name}" if text else name
-    return text
-
-
-def locate(text: str, key: Key) -> int | None:
-    """The 1-based line that sets `key`, else that of its nearest enclosing key; None if neither."""
-    statements = list(_statements(text))
-    for end in range(len(key), 0, -1):
-        target = key[:end]
-        for line_no, path in statements:
-            if path[:end] == target:
-                return line_no
-    return None
-
-
 _TOML_POSITION = re.compile(
     r"(?P<message>.*) \(at (?:line (?P<line>\d+), column (?P<column>\d+)|end of document)\)", re.DOTALL)
+
+
+def read_source(path: Path) -> str:
+    """The text of a recipe file; a missing file, a folder or bytes that are not UTF-8 raise RecipeError."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise RecipeError(path, "no such recipe file") from None
+    except IsADirectoryError:
+        raise RecipeError(path, "is a directory, not a recipe file", hint="name the .toml file inside it") from None
+    except (OSError, ValueError) as err:  # permissions, a NUL byte in the name, ...
+        raise RecipeError(path, f"cannot read the recipe: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - data.rfind(b"\n", 0, err.start)
+        raise RecipeError(path, f"is not UTF-8 text (byte 0x{data[err.start]:02x})",
+                          line=line, column=column, hint="save the recipe as UTF-8") from None
 
 
 def parse_toml(text: str, path: Path) -> dict:
@@ -134,6 +128,29 @@ def show(value: str) -> str:
     """A value quoted for a message, cut short when long."""
     text = repr(value)
     return text if len(text) <= 80 else text[:70] + "…" + text[-8:]
+
+
+def dotted(key: Key) -> str:
+    """("patches", 0, "file") -> "patches[0].file"; keys that are not bare get quotes."""
+    text = ""
+    for part in key:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            name = part if _BARE_KEY.fullmatch(part) else json.dumps(part, ensure_ascii=False)
+            text += f".{name}" if text else name
+    return text
+
+
+def locate(text: str, key: Key) -> int | None:
+    """The 1-based line that sets `key`, else that of its nearest enclosing key; None if neither."""
+    statements = list(_statements(text))
+    for end in range(len(key), 0, -1):
+        target = key[:end]
+        for line_no, path in statements:
+            if path[:end] == target:
+                return line_no
+    return None
 
 
 def _statements(text: str) -> Iterator[tuple[int, Key]]:

@@ -1,0 +1,111 @@
+"""The core path on the real Docker engine: build, smoke, tag; and every way a build must not tag."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from imagebuild import pipeline
+from imagebuild.engine.docker import DockerEngine
+from imagebuild.errors import BuildFailed, EngineUnavailable, SmokeFailed
+from imagebuild.lock import read_lock
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = REPO / "recipes" / "cuda-toolchain.toml"
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+def cleanup(engine):
+    refs: list[str] = []
+    yield refs
+    for ref in refs:
+        engine.remove(ref)
+
+
+def _copy_recipe(write_recipe, name: str, env_extra: str = "", requirements_extra: str = "") -> Path:
+    text = RECIPE.read_text().replace('name = "imagebuild/cuda-toolchain"', f'name = "imagebuild-test/{name}"')
+    text = text.replace('  "sgl-deep-gemm==0.2.3.post2",\n', f'  "sgl-deep-gemm==0.2.3.post2",\n{requirements_extra}')
+    text = text.replace("[env]\n", "[env]\n" + env_extra)
+    return write_recipe(text, name)
+
+
+def test_cuda_toolchain_builds_smokes_and_keeps_the_ca_out_of_its_layers(engine, cleanup, tmp_path):
+    marker = f"imagebuild-ca-marker-{uuid.uuid4().hex}"
+    bundle = tmp_path / "proxy-ca.pem"
+    bundle.write_text(HOST_CA.read_text() + f"\n# {marker}\n")
+    report = pipeline.build(RECIPE, engine, ca=str(bundle))
+    cleanup.append(report.image)
+    assert report.image == "imagebuild/cuda-toolchain:13.0"
+    assert report.smoke.ok
+    checks = {c["name"]: c for c in report.smoke.report["checks"]}
+    assert {name: checks[name]["status"] for name in
+            ("interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm120")} == dict.fromkeys(
+        ("interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm120"), "pass")
+    info = engine.inspect(report.image)
+    lock = read_lock(REPO / "lockfiles" / "cuda-toolchain.lock")
+    assert info.labels["io.imagebuild.lock.sha256"] == lock.sha256
+    assert info.labels["io.imagebuild.recipe.sha256"] == lock.recipe_sha256
+    # The CA bundle was a build secret: no file in the image holds it.
+    found = engine.run(report.image, ["sh", "-c", f"grep -rl {marker} / --exclude-dir=proc --exclude-dir=sys"
+                                      " 2>/dev/null; ls -A /run/secrets 2>/dev/null | wc -l"])
+    assert found.stdout.strip() == "0", found.stdout
+
+    # A no-op rebuild gives the same image and reuses the smoke result recorded for that image id.
+    again = pipeline.build(RECIPE, engine, ca=str(bundle))
+    assert again.image_id == report.image_id
+    assert again.smoke.cached
+
+
+def test_a_failed_build_tags_nothing(engine, write_recipe, cleanup):
+    name = f"broken-{os.getpid()}"
+    recipe = _copy_recipe(write_recipe, name)
+    lock_report = pipeline.lock(recipe)
+    lock_path = Path(lock_report.lock_path)
+    data = json.loads(lock_path.read_text())
+    data["packages"][-1]["wheel"]["sha256"] = "0" * 64  # the index will serve other bytes
+    lock_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    cleanup.append(f"imagebuild-test/{name}:13.0")
+    with pytest.raises(BuildFailed, match="no image was tagged"):
+        pipeline.build(recipe, engine)
+    assert engine.inspect(f"imagebuild-test/{name}:13.0") is None
+
+
+def test_a_failed_smoke_test_tags_nothing_and_removes_the_image(engine, write_recipe, cleanup):
+    name = f"wrong-cuda-home-{os.getpid()}"
+    recipe = _copy_recipe(write_recipe, name, env_extra='CUDA_HOME = "/usr/local/cuda"\n')
+    cleanup.append(f"imagebuild-test/{name}:13.0")
+    with pytest.raises(SmokeFailed, match=r"cuda-home.*was not tagged") as failure:
+        pipeline.build(recipe, engine)
+    checks = {c["name"]: c["status"] for c in failure.value.report["checks"]}
+    assert checks["cuda-home"] == "fail"
+    assert engine.inspect(f"imagebuild-test/{name}:13.0") is None
+
+
+def test_bumping_the_application_pin_rebuilds_only_the_last_layers(engine, write_recipe, cleanup):
+    name = f"bump-{os.getpid()}"
+    recipe = _copy_recipe(write_recipe, name, requirements_extra='  "six==1.16.0",\n')
+    first = pipeline.build(recipe, engine)
+    first_layers = engine.inspect(first.image_id).diff_ids
+    cleanup.append(first.image_id)
+    recipe.write_text(recipe.read_text().replace("six==1.16.0", "six==1.17.0"))
+    second = pipeline.build(recipe, engine, relock=True)
+    cleanup.append(second.image)
+    second_layers = engine.inspect(second.image_id).diff_ids
+    assert len(first_layers) == len(second_layers)
+    # Shared: base, venv, framework (+ toolchain links), kernels. Rebuilt: the application's
+    # requirements file and install, then the probe files (they carry the new lock).
+    assert first_layers[:-3] == second_layers[:-3]
+    assert first_layers[-3] != second_layers[-3] and first_layers[-2] != second_layers[-2]
+
+
+def test_no_engine_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(EngineUnavailable, match="dockerd"):
+        DockerEngine().check()

@@ -1,0 +1,127 @@
+"""Render: golden Dockerfiles for fixed locks, the layer plan's promise, and the context on disk.
+
+Regenerate the golden files after an intended template change with UPDATE_GOLDEN=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from imagebuild.cuda import Arch, CudaVersion
+from imagebuild.errors import RecipeError
+from imagebuild.lock import LockedPatch, LockedWheel, parse_pylock
+from imagebuild.layers import LayerPlan
+from imagebuild.recipe import CudaSpec, DebianBase, Patch, PythonSpec, Recipe
+from imagebuild.render import docker_quote, render_context, render_dockerfile, render_values
+from tests.test_lock import BOOKWORM, FIXTURES, _lock
+
+GOLDEN = Path(__file__).parent / "golden"
+PLAN = LayerPlan(overrides={}, application=frozenset({"sgl-deep-gemm"}))
+
+
+def _recipe(tmp_path: Path, **changes) -> Recipe:
+    recipe = Recipe(path=tmp_path / "recipes" / "cuda-toolchain.toml", name="imagebuild/cuda-toolchain",
+                    tag="13.0", base=DebianBase("bookworm", ("g++",)),
+                    python=PythonSpec(requirements=("cuda-toolkit==13.0.3.0", "sgl-deep-gemm==0.2.3.post2")),
+                    cuda=CudaSpec(CudaVersion(13, 0), (Arch.parse("sm_120a"),), "595.71.05"),
+                    env={"DG_JIT_CACHE_DIR": "/var/cache/deep_gemm"},
+                    labels={"org.opencontainers.image.description": 'say "hi" for $5'})
+    return replace(recipe, **changes)
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} differs from its golden file (UPDATE_GOLDEN=1 to accept)"
+
+
+def _app_wheels(version: str = "1.16.0", sha: str = "d" * 64) -> tuple[LockedWheel, ...]:
+    wheels = parse_pylock((FIXTURES / "cuda-toolchain.pylock.toml").read_text(), PLAN)
+    return wheels + (LockedWheel("six", version, f"six-{version}-py2.py3-none-any.whl", sha, 11000,
+                                 "application"),)
+
+
+def test_cuda_toolchain_dockerfile_matches_golden(tmp_path):
+    _check_golden("cuda-toolchain.Dockerfile", render_dockerfile(render_values(_lock(), _recipe(tmp_path))))
+
+
+def test_patched_recipe_dockerfile_matches_golden(tmp_path):
+    patch_file = tmp_path / "fix.patch"
+    patch_file.write_text("--- a/x\n+++ b/x\n")
+    lock = replace(_lock(_app_wheels()), patches=(
+        LockedPatch("sgl-deep-gemm", "01-fix.patch", "f" * 64, 1, "0.2.3.post2"),))
+    recipe = _recipe(tmp_path, patches=(Patch("sgl-deep-gemm", patch_file, 1),))
+    _check_golden("patched.Dockerfile", render_dockerfile(render_values(lock, recipe)))
+
+
+def test_bumping_the_application_pin_changes_only_the_last_layer(tmp_path):
+    """The promise behind layer order: everything above the application layer renders identically."""
+    recipe = _recipe(tmp_path)
+    before = render_values(_lock(_app_wheels("1.16.0", "d" * 64)), recipe)
+    after = render_values(_lock(_app_wheels("1.17.0", "e" * 64)), recipe)
+    assert [layer.name for layer in before.layers] == ["framework", "kernels", "application"]
+    assert before.layers[:2] == after.layers[:2]
+    assert before.layers[2].lines != after.layers[2].lines
+    old, new = render_dockerfile(before), render_dockerfile(after)
+    cut = old.index("# Layer 3/3: application")
+    assert old[:cut] == new[:cut]
+
+
+def test_toolchain_is_usable_from_the_environment(tmp_path):
+    values = render_values(_lock(), _recipe(tmp_path))
+    home = "/opt/venv/lib/python3.11/site-packages/nvidia/cu13"
+    assert values.env_base["CUDA_HOME"] == home
+    assert values.env_base["PATH"].startswith(f"/opt/venv/bin:{home}/bin:")
+    (framework,) = [layer for layer in values.layers if layer.links]
+    assert framework.name == "framework"
+    assert [link.command for link in framework.links] == [
+        f"ln -sfn lib {home}/lib64", f"ln -sfn libcudart.so.13 {home}/lib/libcudart.so"]
+    assert values.expect["cuda"]["home"] == home and values.expect["deep_gemm"] == {"compile": True}
+
+
+def test_no_cuda_home_without_a_pip_nvcc(tmp_path):
+    wheels = tuple(w for w in _lock().wheels if w.name != "nvidia-cuda-nvcc")
+    values = render_values(_lock(wheels), _recipe(tmp_path))
+    assert "CUDA_HOME" not in values.env_base and values.expect["cuda"] is None
+    assert not any(layer.links for layer in values.layers)
+
+
+def test_labels_carry_checksums_and_reject_our_prefix(tmp_path):
+    lock = _lock()
+    values = render_values(lock, _recipe(tmp_path))
+    assert values.labels["io.imagebuild.lock.sha256"] == lock.sha256
+    assert values.labels["io.imagebuild.recipe.sha256"] == "a" * 64
+    assert values.labels["io.imagebuild.version"]
+    with pytest.raises(RecipeError, match=r"labels.io.imagebuild.lock.sha256.*reserved"):
+        render_values(lock, _recipe(tmp_path, labels={"io.imagebuild.lock.sha256": "forged"}))
+
+
+def test_multiline_env_is_refused_with_its_key(tmp_path):
+    with pytest.raises(RecipeError, match=r"\[env.BAD\].*span lines"):
+        render_values(_lock(), _recipe(tmp_path, env={"BAD": "a\nb"}))
+
+
+@pytest.mark.parametrize("value, quoted", [
+    ("plain", '"plain"'), ('say "hi"', '"say \\"hi\\""'), ("$HOME", '"\\$HOME"'), ("a\\b", '"a\\\\b"')])
+def test_docker_quote_leaves_nothing_to_expand(value, quoted):
+    assert docker_quote(value) == quoted
+
+
+def test_context_holds_hashed_requirements_probe_and_lock(tmp_path):
+    lock = _lock()
+    out = render_context(lock, _recipe(tmp_path), tmp_path / "ctx", uv_path=None)
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert files == ["Dockerfile", "imagebuild/expect.json", "imagebuild/lock.json", "imagebuild/probe.py",
+                     "requirements/1-framework.txt", "requirements/2-kernels.txt"]
+    for line in (out / "requirements/1-framework.txt").read_text().splitlines():
+        assert " --hash=sha256:" in line and "==" in line
+    assert json.loads((out / "imagebuild/lock.json").read_text()) == json.loads(lock.to_json())
+    # Rendering again replaces the folder whole, leaving no staging folder behind.
+    render_context(lock, _recipe(tmp_path), tmp_path / "ctx", uv_path=None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ctx"]
