@@ -182,7 +182,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     out = Console(highlight=False, soft_wrap=True)
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         return run(args, out, err)
     except ImagebuildError as error:

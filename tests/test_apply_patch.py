@@ -592,3 +592,25 @@ def test_patched_get_cuda_version_compiles_under_dynamo(flashinfer_site, torch_p
     bad = subprocess.run([str(torch_python), str(script), str(upstream)], capture_output=True,
                          text=True, env=env, timeout=300)
     assert bad.returncode != 0 and "Unsupported" in bad.stderr  # the bug the patch fixes
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.integers(0, 60), st.sampled_from(["drop", "double", "flip"])),
+                      min_size=1, max_size=3))
+def test_a_damaged_patch_applies_whole_or_not_at_all(tmp_path_factory, edits):
+    lines = (FIXTURES / "demo.git.patch").read_text().splitlines(keepends=True)
+    for index, edit in edits:
+        index %= len(lines)
+        if edit == "drop":
+            del lines[index]
+        elif edit == "double":
+            lines.insert(index, lines[index])
+        else:
+            lines[index] = lines[index][::-1]
+    site, _ = demo_site(tmp_path_factory.mktemp("site"))
+    patch, sha = write_patch(site.parent, "".join(lines))
+    before = snapshot(site)
+    try:
+        apply(site, patch, sha)
+    except PatchError:
+        assert snapshot(site) == before

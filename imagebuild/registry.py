@@ -1,0 +1,462 @@
+"""Publish: push an OCI image layout to a registry over the OCI distribution protocol.
+
+Blobs first (skipped when the registry has them, mounted when another repository of it does,
+otherwise uploaded, in resumable chunks when large), manifests last, so a tag never names a
+half-pushed image. The manifest bytes are the layout's own, so the pushed digest is the layout's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import requests
+
+from imagebuild.bases import cache_dir
+from imagebuild.errors import ImagebuildError, ToolMissing
+from imagebuild.registry_auth import (RETRY_ERRORS, RETRY_STATUS, AuthFailed, Credentials,
+                                      Progress, RegistryClient, RegistryError, describe,
+                                      parse_upload_range, with_query)
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
+MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
+DEFAULT_CHUNK = 64 << 20  # a lost connection costs at most one chunk
+_BLOCK = 1 << 20  # bytes read from a blob file at a time
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+class LayoutError(ImagebuildError):
+    """A directory that is not a usable OCI image layout."""
+
+
+# ---------------------------------------------------------------- references
+
+@dataclass(frozen=True)
+class Reference:
+    registry: str  # host[:port]
+    repository: str
+    tag: str = ""
+    digest: str = ""
+
+    def __str__(self) -> str:
+        return (f"{self.registry}/{self.repository}" + (f":{self.tag}" if self.tag else "")
+                + (f"@{self.digest}" if self.digest else ""))
+
+
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
+_TAG = re.compile(r"[\w][\w.-]{0,127}")
+_DIGEST = re.compile(r"sha(256:[a-f0-9]{64}|512:[a-f0-9]{128})")
+
+
+def parse_reference(text: str) -> Reference:
+    """HOST[:PORT]/REPOSITORY[:TAG][@DIGEST]; the registry host is never guessed."""
+    rest, _, digest = text.partition("@")
+    host, slash, path = rest.partition("/")
+    if not slash or not ("." in host or ":" in host or host == "localhost"):
+        raise ImagebuildError(f"{text!r} names no registry host: write HOST[:PORT]/REPOSITORY[:TAG], "
+                              "e.g. 127.0.0.1:5000/team/image:1.0")
+    name, tag = path, ""
+    if ":" in path.rsplit("/", 1)[-1]:
+        name, tag = path.rsplit(":", 1)
+    if not _REPOSITORY.fullmatch(name):
+        raise ImagebuildError(f"{name!r} is not a repository name: lower-case letters, digits and "
+                              "separators (. _ __ -), components joined by /")
+    if tag and not _TAG.fullmatch(tag):
+        raise ImagebuildError(f"{tag!r} is not a tag: up to 128 of letters, digits, _ . - ")
+    if digest and not _DIGEST.fullmatch(digest):
+        raise ImagebuildError(f"{digest!r} is not a digest (sha256:<64 hex>)")
+    return Reference(host, name, tag or ("" if digest else "latest"), digest)
+
+
+# ---------------------------------------------------------------- the layout
+
+@dataclass(frozen=True)
+class Blob:
+    digest: str
+    size: int
+    path: Path
+
+
+@dataclass
+class Manifest:
+    digest: str
+    media_type: str
+    data: bytes
+    blobs: list[Blob] = field(default_factory=list)  # config, then layers
+    children: list["Manifest"] = field(default_factory=list)  # an index's manifests
+
+    def walk(self) -> Iterator["Manifest"]:
+        """Children before parents: the order they must reach the registry in."""
+        for child in self.children:
+            yield from child.walk()
+        yield self
+
+
+def _blob_path(root: Path, descriptor: dict, where: str) -> Path:
+    digest = descriptor.get("digest") if isinstance(descriptor, dict) else None
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise LayoutError(f"{where}: a descriptor without a sha256/sha512 digest: {descriptor!r:.200}")
+    path = root / "blobs" / digest.replace(":", "/", 1)
+    if not path.is_file():
+        raise LayoutError(f"{where}: blob {digest} is missing ({path})")
+    return path
+
+
+def _load_manifest(root: Path, descriptor: dict, where: str) -> Manifest:
+    path = _blob_path(root, descriptor, where)
+    data = path.read_bytes()
+    algorithm, _, expected = descriptor["digest"].partition(":")
+    if hashlib.new(algorithm, data).hexdigest() != expected:
+        raise LayoutError(f"{where}: manifest {descriptor['digest']} does not match its bytes")
+    try:
+        body = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise LayoutError(f"{where}: manifest {descriptor['digest']} is not JSON") from None
+    media_type = descriptor.get("mediaType") or body.get("mediaType") or ""
+    manifest = Manifest(descriptor["digest"], media_type, data)
+    if media_type in INDEX_TYPES:
+        manifest.children = [_load_manifest(root, child, where) for child in body.get("manifests", [])]
+    elif media_type in MANIFEST_TYPES:
+        for entry in [body.get("config")] + list(body.get("layers") or []):
+            if isinstance(entry, dict) and entry.get("urls"):
+                continue  # a foreign layer lives elsewhere; registries do not take it
+            blob_path = _blob_path(root, entry, where)
+            size = entry.get("size")
+            if not isinstance(size, int) or blob_path.stat().st_size != size:
+                raise LayoutError(f"{where}: blob {entry['digest']} is {blob_path.stat().st_size} "
+                                  f"bytes, its descriptor says {size}")
+            manifest.blobs.append(Blob(entry["digest"], size, blob_path))
+    else:
+        raise LayoutError(f"{where}: manifest {descriptor['digest']} has media type {media_type!r}, "
+                          f"not an image manifest or index")
+    return manifest
+
+
+def read_layout(root: str | Path, name: str | None = None) -> Manifest:
+    """The image in an OCI layout directory; `name` picks one by org.opencontainers.image.ref.name."""
+    root = Path(root)
+    if not (root / "oci-layout").is_file() or not (root / "index.json").is_file():
+        raise LayoutError(f"{root} is not an OCI image layout (no oci-layout and index.json)")
+    try:
+        entries = json.loads((root / "index.json").read_text())["manifests"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        raise LayoutError(f"{root}/index.json has no `manifests` list") from None
+    names = [((e.get("annotations") or {}).get("org.opencontainers.image.ref.name"), e)
+             for e in entries if isinstance(e, dict)]
+    chosen = [e for n, e in names if name is None or n == name]
+    if len(chosen) != 1:
+        listed = ", ".join(str(n) for n, _ in names) or "none"
+        raise LayoutError(f"{root} holds {len(chosen)} image(s) "
+                          f"{'named ' + repr(name) if name else 'in index.json'}; pick one with "
+                          f"--layout-name (names: {listed})")
+    return _load_manifest(root, chosen[0], str(root))
+
+
+def export_engine_image(image: str, out_dir: Path, progress: Progress = _quiet) -> str:
+    """Write an engine image as an OCI layout; returns how: imagebuild.oci, or skopeo until it lands."""
+    try:
+        from imagebuild.oci import export_layout
+    except ImportError:
+        export_layout = None
+    if export_layout is not None:
+        from imagebuild.engine import default_engine
+        epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+        progress(f"writing {image} as an OCI layout (imagebuild.oci)")
+        export_layout(default_engine(), image, out_dir, epoch=epoch)
+        return "imagebuild.oci"
+    progress(f"writing {image} as an OCI layout (skopeo copy docker-daemon:)")
+    try:
+        proc = subprocess.run(["skopeo", "copy", "--insecure-policy", "--dest-compress",
+                               f"docker-daemon:{image}", f"oci:{out_dir}"],
+                              capture_output=True, text=True)
+    except FileNotFoundError:
+        raise ToolMissing("pushing an engine image needs skopeo until imagebuild.oci lands: "
+                          "`apt-get install -y skopeo`, or push an OCI layout directory") from None
+    if proc.returncode != 0:
+        raise ImagebuildError(f"cannot export {image} from the Docker engine: {proc.stderr.strip()}")
+    return "skopeo"
+
+
+# ---------------------------------------------------------------- what was pushed where
+
+class MountCache:
+    """Which repositories of a registry got a blob from us, so a later push can mount, not upload."""
+
+    KEEP_REPOSITORIES = 4
+    KEEP_BLOBS = 20000
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.data: dict[str, dict[str, list[str]]] = {}
+        try:
+            data = json.loads(path.read_text()) if path else {}
+        except (OSError, ValueError):
+            data = {}  # a cache that cannot be read only costs uploads
+        if isinstance(data, dict):
+            self.data = {registry: {d: [r for r in repos if isinstance(r, str)]
+                                    for d, repos in table.items() if isinstance(repos, list)}
+                         for registry, table in data.items() if isinstance(table, dict)}
+
+    def sources(self, registry: str, digest: str, repository: str) -> list[str]:
+        return [r for r in self.data.get(registry, {}).get(digest, []) if r != repository]
+
+    def record(self, registry: str, repository: str, digests: Sequence[str]) -> None:
+        table = self.data.setdefault(registry, {})
+        for digest in digests:
+            repos = [repository] + [r for r in table.pop(digest, []) if r != repository]
+            table[digest] = repos[:self.KEEP_REPOSITORIES]  # re-inserted: newest last
+        for digest in list(table)[:-self.KEEP_BLOBS]:
+            del table[digest]
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False) as tmp:
+            json.dump(self.data, tmp, sort_keys=True)
+        os.replace(tmp.name, self.path)
+
+
+# ---------------------------------------------------------------- pushing
+
+@dataclass
+class BlobResult:
+    digest: str
+    size: int
+    action: str = ""  # exists | mounted | uploaded
+    bytes_sent: int = 0
+    mounted_from: str = ""
+    resumed_at: list[int] = field(default_factory=list)  # offsets an interrupted upload went on from
+    restarts: int = 0  # uploads begun again because the registry had dropped the interrupted one
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"digest": self.digest, "size": self.size, "action": self.action,
+                "bytes_sent": self.bytes_sent, "mounted_from": self.mounted_from or None,
+                "resumed_at": self.resumed_at, "restarts": self.restarts,
+                "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class PushReport:
+    reference: str
+    digest: str
+    media_type: str
+    source: str
+    blobs: list[BlobResult]
+    manifests: int
+    retries: int
+    seconds: float
+    exported_with: str = ""  # how an engine image became a layout, when it was one
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(b.bytes_sent for b in self.blobs)
+
+    @property
+    def pinned(self) -> str:
+        return f"{self.reference.rsplit('@', 1)[0]}@{self.digest}"
+
+    def to_dict(self) -> dict:
+        return {"ok": True, "reference": self.reference, "pinned": self.pinned, "digest": self.digest,
+                "media_type": self.media_type, "source": self.source,
+                "exported_with": self.exported_with or None, "manifests": self.manifests,
+                "bytes_sent": self.bytes_sent, "retries": self.retries,
+                "seconds": round(self.seconds, 3), "blobs": [b.to_dict() for b in self.blobs]}
+
+
+class _FileSlice:
+    """Bytes [start, end) of a blob file as a request body: a known length (Content-Length, not
+    chunked encoding), read a block at a time, each block counted as sent."""
+
+    def __init__(self, path: Path, start: int, end: int, sent: Callable[[int], None]):
+        self.path, self.start, self.end, self.sent = path, start, end, sent
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def __iter__(self) -> Iterator[bytes]:
+        with open(self.path, "rb") as f:
+            f.seek(self.start)
+            left = self.end - self.start
+            while left:
+                block = f.read(min(_BLOCK, left))
+                if not block:
+                    raise LayoutError(f"{self.path} shrank while it was being pushed")
+                left -= len(block)
+                self.sent(len(block))
+                yield block
+
+
+class _Pusher:
+    """Blobs and manifests of one repository."""
+
+    def __init__(self, client: RegistryClient, repository: str, chunk_size: int, progress: Progress):
+        self.client, self.repository, self.chunk_size, self.progress = (
+            client, repository, chunk_size, progress)
+        self.uploads = f"/v2/{repository}/blobs/uploads/"
+
+    def push_blob(self, blob: Blob, sources: Sequence[str]) -> BlobResult:
+        started = time.monotonic()
+        result = BlobResult(blob.digest, blob.size)
+        response = self.client.request("HEAD", f"/v2/{self.repository}/blobs/{blob.digest}")
+        if response.status_code == 200:
+            result.action = "exists"
+        elif response.status_code != 404:
+            raise RegistryError(f"{self.client.registry}: HEAD of blob {blob.digest}: {describe(response)}")
+        location = None
+        for source in sources if not result.action else ():
+            try:
+                response = self.client.request("POST", with_query(self.uploads, mount=blob.digest,
+                                                                  **{"from": source}))
+            except AuthFailed:
+                continue  # no pull right on that repository: upload instead
+            if response.status_code == 201:
+                result.action, result.mounted_from = "mounted", source
+            elif response.status_code == 202:
+                location = response.headers.get("Location")  # the registry began an upload instead
+            if response.status_code in (201, 202):
+                break
+        if not result.action:
+            self.progress(f"{blob.digest[:19]} uploading {blob.size / 1e6:.1f} MB")
+            self._upload(blob, location or self._start_upload(), result)
+            result.action = "uploaded"
+        result.seconds = time.monotonic() - started
+        via = f" from {result.mounted_from}" if result.mounted_from else ""
+        self.progress(f"{blob.digest[:19]} {result.action}{via}: {result.bytes_sent} bytes sent "
+                      f"in {result.seconds:.1f} s")
+        return result
+
+    def _start_upload(self) -> str:
+        response = self.client.request("POST", self.uploads)
+        if response.status_code != 202 or not response.headers.get("Location"):
+            raise RegistryError(f"{self.client.registry} would not start an upload to "
+                                f"{self.repository}: {describe(response)}")
+        return response.headers["Location"]
+
+    def _body(self, blob: Blob, start: int, end: int, result: BlobResult):
+        last = [time.monotonic()]
+
+        def sent(n: int) -> None:
+            result.bytes_sent += n
+            if time.monotonic() - last[0] >= 2:
+                last[0] = time.monotonic()
+                self.progress(f"{blob.digest[:19]} {result.bytes_sent / 1e6:.1f}/"
+                              f"{blob.size / 1e6:.1f} MB sent")
+        return lambda: _FileSlice(blob.path, start, end, sent)
+
+    def _upload(self, blob: Blob, location: str, result: BlobResult) -> None:
+        """One PUT for a small blob; PATCH chunks then PUT for a large one, continuing an interrupted
+        upload from what the registry says it holds (its Range), or starting over if it dropped it."""
+        chunked = blob.size > self.chunk_size
+        offset, failures, octets = 0, 0, {"Content-Type": "application/octet-stream"}
+        while True:
+            end = min(offset + self.chunk_size, blob.size) if chunked else blob.size
+            closing = not chunked or offset >= blob.size
+            response, problem = None, ""
+            try:
+                if closing:
+                    body = b"" if chunked else self._body(blob, 0, blob.size, result)
+                    response = self.client.request("PUT", with_query(location, digest=blob.digest),
+                                                   body=body, headers=octets, retry=False)
+                else:
+                    response = self.client.request(
+                        "PATCH", location, body=self._body(blob, offset, end, result), retry=False,
+                        headers={**octets, "Content-Range": f"{offset}-{end - 1}"})
+            except RETRY_ERRORS as err:
+                problem = type(err).__name__
+            if response is not None:
+                if closing and response.status_code == 201:
+                    return
+                if not closing and response.status_code == 202:
+                    location = response.headers.get("Location") or location
+                    held = parse_upload_range(response.headers.get("Range"))
+                    offset, failures = (end if held is None else held), 0
+                    continue
+                if response.status_code not in RETRY_STATUS | {404, 416}:
+                    raise RegistryError(f"{self.client.registry} refused blob {blob.digest} "
+                                        f"({describe(response)})")
+                problem = f"HTTP {response.status_code}"
+            failures += 1
+            if failures > self.client.retries:
+                raise RegistryError(f"uploading blob {blob.digest} to {self.client.registry} failed "
+                                    f"{failures} times in a row (last: {problem})")
+            self.client.wait(failures - 1, response, f"{problem} uploading {blob.digest[:19]}")
+            location, offset = self._recover(blob, location, chunked, result)
+            if offset is None:
+                return  # the lost reply was to a PUT that landed
+
+    def _recover(self, blob: Blob, location: str, chunked: bool, result: BlobResult):
+        """Where an interrupted upload stands: (location, bytes held), or a new upload from 0."""
+        response = self.client.request("HEAD", f"/v2/{self.repository}/blobs/{blob.digest}")
+        if response.status_code == 200:
+            return location, None
+        if chunked:
+            response = self.client.request("GET", location)
+            held = parse_upload_range(response.headers.get("Range"))
+            if response.status_code == 204 and held is not None and held <= blob.size:
+                result.resumed_at.append(held)
+                self.progress(f"{blob.digest[:19]} resuming at byte {held}")
+                return response.headers.get("Location") or location, held
+        result.restarts += 1
+        self.progress(f"{blob.digest[:19]} the registry dropped the upload; starting it again")
+        return self._start_upload(), 0
+
+    def put_manifest(self, manifest: Manifest, target: str) -> None:
+        response = self.client.request("PUT", f"/v2/{self.repository}/manifests/{target}",
+                                       body=manifest.data,
+                                       headers={"Content-Type": manifest.media_type})
+        if response.status_code != 201:
+            raise RegistryError(f"{self.client.registry} refused manifest {manifest.digest} for "
+                                f"{self.repository}:{target} ({describe(response)})")
+        stored = response.headers.get("Docker-Content-Digest")
+        if stored and stored != manifest.digest:
+            raise RegistryError(f"{self.client.registry} stored manifest {manifest.digest} as "
+                                f"{stored}: it rewrote the bytes")
+
+
+def push(source: str | Path, reference: str | Reference, *, layout_name: str | None = None,
+         credentials: Credentials | None = None, ca_cert: str | Path | None = None,
+         insecure_http: bool = False, mount_from: Sequence[str] = (),
+         chunk_size: int = DEFAULT_CHUNK, retries: int = 5, backoff: float = 0.5,
+         remember: bool = True, progress: Progress = _quiet) -> PushReport:
+    """Push the image in the OCI layout `source` to `reference` (HOST[:PORT]/REPO[:TAG])."""
+    started = time.monotonic()
+    ref = parse_reference(reference) if isinstance(reference, str) else reference
+    image = read_layout(source, layout_name)
+    if ref.digest and ref.digest != image.digest:
+        raise ImagebuildError(f"{ref} pins {ref.digest}, but the layout's image is {image.digest}")
+    cache = MountCache(cache_dir() / "registry-blobs.json" if remember else None)
+    blobs = list({b.digest: b for m in image.walk() for b in m.blobs}.values())
+    sources = {b.digest: [s for s in dict.fromkeys([*mount_from, *cache.sources(
+        ref.registry, b.digest, ref.repository)]) if s != ref.repository] for b in blobs}
+    pulls = dict.fromkeys(s for found in sources.values() for s in found)
+    client = RegistryClient(ref.registry, credentials=credentials, ca_cert=ca_cert,
+                            insecure_http=insecure_http, retries=retries, backoff=backoff,
+                            progress=progress)
+    client.ping([f"repository:{ref.repository}:pull,push"] + [f"repository:{s}:pull" for s in pulls])
+    pusher = _Pusher(client, ref.repository, chunk_size, progress)
+    results = [pusher.push_blob(blob, sources[blob.digest]) for blob in blobs]
+    manifests = list(image.walk())
+    for manifest in manifests:  # children by digest, the image itself last, by tag
+        pusher.put_manifest(manifest, (ref.tag or ref.digest) if manifest is image else manifest.digest)
+    cache.record(ref.registry, ref.repository, [b.digest for b in blobs])
+    cache.save()
+    return PushReport(str(ref), image.digest, image.media_type, str(source), results,
+                      len(manifests), client.retried, time.monotonic() - started)

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian machine (as root) for imagebuild, then run a command:
+#   scripts/host.sh imagebuild build recipes/...   # the main job
+#   scripts/host.sh test [pytest args]             # the test suite
+# Set-up is idempotent: Debian packages, the venv (.venv) and a running Docker engine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages the pipeline and its tests use: the engine and its CLI (BuildKit through Debian's
+# docker.io client), mmdebstrap for bases, and the real counterparts the tests talk to.
+APT_PACKAGES=(docker.io mmdebstrap zstd python3 python3-venv ca-certificates git
+              skopeo docker-registry apache2-utils openssl buildah umoci systemd-container)
+
+log() { printf '\033[1;36m[host]\033[0m %s\n' "$*" >&2; }
+
+install_packages() {
+  local missing=()
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    log "installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+make_venv() {
+  if [ ! -x .venv/bin/imagebuild ] || [ pyproject.toml -nt .venv/.installed ]; then
+    log "creating .venv and installing imagebuild with its test dependencies"
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e '.[test]'
+    touch .venv/.installed
+  fi
+}
+
+start_engine() {
+  if /usr/bin/docker info >/dev/null 2>&1; then return; fi
+  log "starting dockerd (log: /var/log/imagebuild-dockerd.log)"
+  (setsid dockerd >/var/log/imagebuild-dockerd.log 2>&1 &)
+  for _ in $(seq 1 60); do
+    /usr/bin/docker info >/dev/null 2>&1 && return
+    sleep 1
+  done
+  log "dockerd did not come up; its log:"; tail -n 30 /var/log/imagebuild-dockerd.log >&2; exit 3
+}
+
+install_packages
+make_venv
+start_engine
+export IMAGEBUILD_DOCKER_CLI=/usr/bin/docker
+
+case "${1:-}" in
+  # With no arguments the whole suite runs, the slow flagship build included (CI runs exactly this).
+  test) shift; (($#)) || set -- -m "slow or not slow"; exec .venv/bin/python -m pytest "$@" ;;
+  imagebuild) shift; exec .venv/bin/imagebuild "$@" ;;
+  "") log "set up; run 'scripts/host.sh test' or 'scripts/host.sh imagebuild build RECIPE'" ;;
+  *) exec "$@" ;;
+esac
