@@ -78,7 +78,13 @@ def strip_path(path: str | None, strip: int) -> str:
     """Remove `strip` leading components; refuse absolute paths and `..`."""
     if path is None or strip < 0:
         raise PatchError("a file patch names no path, or --strip is negative")
-    if "\0" in path or path.startswith("/"):
+    try:
+        path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise PatchError(f"{path!r}: not a path this file system can hold") from None
+    if "\0" in path:
+        raise PatchError(f"{path!r}: a path with a NUL character")
+    if path.startswith("/"):
         raise PatchError(f"{path!r}: absolute paths are refused; a patch names files relative to "
                          "site-packages")
     parts = path.split("/")
@@ -391,9 +397,8 @@ def find_distribution(site: str, package: str) -> Distribution:
     """The one *.dist-info in `site` whose project name is `package` (compared canonically)."""
     found = []
     for entry in sorted(os.listdir(site)):
-        stem = entry[:-len(".dist-info")]
-        if not entry.endswith(".dist-info") or canonical_name(stem.rsplit("-", 1)[0]) != \
-                canonical_name(package):
+        stem, dot, _ = entry.rpartition(".dist-info")
+        if not dot or canonical_name(stem.rsplit("-", 1)[0]) != canonical_name(package):
             continue
         meta = _read_metadata(os.path.join(site, entry, "METADATA"))
         found.append(Distribution(meta.get("Name", package), meta.get("Version", "?"), entry))
@@ -456,9 +461,12 @@ def apply_patch_file(site_packages: str, patch_file: str, *, package: str, sha25
     for file_patch in patches:
         path = file_patch.target(strip)
         _inside(site, path)
+        if path.startswith(dist.dist_info + "/"):
+            raise PatchError(f"{path}: a patch may not change the dist-info; this tool keeps it")
         if not file_patch.is_new and path not in listed:
-            raise PatchError(f"{path}: not listed in the RECORD of {about}; the patch changes a file "
-                             "of another distribution")
+            raise PatchError(f"{path}: not listed in the RECORD of {about}: the patch names a file "
+                             "this distribution does not install (another package's, or a wrong "
+                             "strip level)")
         if file_patch.is_new and not any(p.startswith(path.split("/")[0] + "/") for p in listed):
             raise PatchError(f"{path}: created outside every directory of {about}")
         if path not in new_texts:

@@ -321,13 +321,11 @@ def read_saved(stream: BinaryIO, on_layer: Callable[[str, IO[bytes]], T]) -> Sav
                 name = clean_path(member.name)
                 handle = tar.extractfile(member)
                 head = handle.read(1) if member.size else b""
-                if name.endswith(".json") or name == "repositories" or (
-                        head == b"{" and member.size <= _SMALL and not name.endswith("layer.tar")):
-                    if member.size > _SMALL:
-                        raise LayoutError(f"{name}: {member.size} bytes is too large for image JSON")
-                    small[name] = head + handle.read()
-                else:
+                # docker ≤ 24 writes <id>/layer.tar; newer engines an OCI blobs/ tree beside manifest.json
+                if name.endswith("layer.tar") or (name.startswith("blobs/") and head != b"{"):
                     results[name] = on_layer(name, _Prefixed(head, handle))
+                elif member.size <= _SMALL:
+                    small[name] = head + handle.read()
     except (LayoutError, LayerError):
         raise
     except _TAR_ERRORS as err:

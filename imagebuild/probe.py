@@ -41,7 +41,9 @@ COMPILE_TIMEOUT_S = 600
 TOOLCHAIN_DISTRIBUTIONS = (
     "nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-nvvm",
 )
-NO_EXPECTATIONS = {"python": {}, "packages": {}, "cuda": None, "deep_gemm": {"compile": False}}
+NO_EXPECTATIONS = {"python": {}, "packages": {}, "cuda": None, "deep_gemm": {"compile": False},
+                   "imports": [], "torch_cuda": None, "flashinfer_dynamo": False}
+IMPORT_TIMEOUT_S = 300
 
 # SM120 kernels compiled the way deep_gemm's JIT would. The argument order is the one
 # sgl-project/DeepGEMM csrc/jit_kernels/impls/sm120_{bf16_gemm,fp8_fp4_gemm_1d1d}.hpp generate; the
@@ -201,6 +203,14 @@ def validate_expect(raw) -> tuple:
         isinstance(deep_gemm, dict) and isinstance(deep_gemm.get("compile", False), bool)
     ):
         errors.append('"deep_gemm" must be null or {"compile": true|false}')
+    imports = raw.get("imports", [])
+    if not (isinstance(imports, list) and all(isinstance(m, str) for m in imports)):
+        errors.append('"imports" must be a list of module names')
+    torch_cuda = raw.get("torch_cuda")
+    if torch_cuda is not None and major_minor(torch_cuda) is None:
+        errors.append('"torch_cuda" must be null or a CUDA version like "13.0"')
+    if not isinstance(raw.get("flashinfer_dynamo", False), bool):
+        errors.append('"flashinfer_dynamo" must be true or false')
     if errors:
         return None, errors
     return {
@@ -208,6 +218,9 @@ def validate_expect(raw) -> tuple:
         "packages": {canonical_name(name): version for name, version in packages.items()},
         "cuda": cuda,
         "deep_gemm": deep_gemm or {"compile": False},
+        "imports": imports,
+        "torch_cuda": torch_cuda,
+        "flashinfer_dynamo": raw.get("flashinfer_dynamo", False),
     }, []
 
 
@@ -488,6 +501,91 @@ def check_deep_gemm_sm120(expect: dict, workdir: str | None = None, skip_compile
     return make_check(name, PASS, f"compiled {len(kernels)} kernels to sm_{SM120} cubins ({times})", **evidence)
 
 
+# ---- the ML stack: imports, torch's CUDA, FlashInfer under Dynamo (each in its own process) ----
+
+_IMPORT = ("import importlib, json, sys, time; t = time.time(); m = importlib.import_module(sys.argv[1]); "
+           "print(json.dumps({'version': str(getattr(m, '__version__', '') or ''), "
+           "'seconds': round(time.time() - t, 2)}))")
+_TORCH_CUDA = "import json, torch; print(json.dumps({'cuda': torch.version.cuda, 'torch': torch.__version__}))"
+# The seed bug (sglang issue 23386): FlashInfer's get_cuda_version() spawned nvcc, which Dynamo cannot
+# trace, so piecewise CUDA graph capture died. fullgraph=True turns any graph break into an error.
+_DYNAMO = """
+import json, torch
+from flashinfer.jit import cpp_ext
+def uses_cuda_version(x):
+    return x + cpp_ext.get_cuda_version().major
+try:
+    out = torch.compile(uses_cuda_version, fullgraph=True, backend="eager")(torch.ones(2))
+    print(json.dumps({"ok": True, "value": out.tolist()}))
+except Exception as error:
+    print(json.dumps({"ok": False, "error": type(error).__name__ + ": " + str(error)[:600]}))
+"""
+
+
+def run_python_json(code: str, *args: str, timeout: float = IMPORT_TIMEOUT_S, env=None) -> tuple:
+    """Run code with this interpreter; (its JSON answer or None, exit status, output tail)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, timeout=timeout, env=env)
+    except (OSError, subprocess.SubprocessError, ValueError) as error:
+        return None, None, str(error)
+    tail = (done.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1][-300:]
+    for line in reversed(done.stdout.decode("utf-8", "replace").splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line), done.returncode, tail
+            except ValueError:
+                break
+    return None, done.returncode, tail
+
+
+def check_imports(expect: dict) -> dict:
+    modules = expect.get("imports") or []
+    if not modules:
+        return make_check("imports", SKIP, "the recipe asks for no import checks")
+    imported, failed = {}, {}
+    for module in modules:
+        answer, status, tail = run_python_json(_IMPORT, module)
+        if answer is None or status != 0:
+            failed[module] = tail or f"exit {status}"
+        else:
+            imported[module] = answer
+    if failed:
+        return make_check("imports", FAIL, "; ".join(f"{m}: {e}" for m, e in failed.items()),
+                          imported=imported, failed=failed)
+    summary = ", ".join(f"{m} {a['version'] or ''} ({a['seconds']} s)".replace("  ", " ")
+                        for m, a in imported.items())
+    return make_check("imports", PASS, f"imported without a GPU: {summary}", imported=imported)
+
+
+def check_torch_cuda(expect: dict) -> dict:
+    wanted = expect.get("torch_cuda")
+    if not wanted:
+        return make_check("torch-cuda", SKIP, "no torch in the lock")
+    answer, status, tail = run_python_json(_TORCH_CUDA)
+    if answer is None:
+        return make_check("torch-cuda", FAIL, f"torch did not import: {tail}")
+    if major_minor(answer.get("cuda")) != major_minor(wanted):
+        return make_check("torch-cuda", FAIL, f"torch {answer.get('torch')} is built for CUDA "
+                          f"{answer.get('cuda')}, the recipe's toolkit is {wanted}", **answer)
+    return make_check("torch-cuda", PASS, f"torch {answer['torch']} built for CUDA {answer['cuda']}", **answer)
+
+
+def check_flashinfer_dynamo(expect: dict) -> dict:
+    name = "flashinfer-dynamo"
+    if not expect.get("flashinfer_dynamo"):
+        return make_check(name, SKIP, "no FlashInfer with torch in the lock")
+    env = {k: v for k, v in os.environ.items() if k != "FLASHINFER_CUDA_VERSION"}
+    answer, status, tail = run_python_json(_DYNAMO, env=env)
+    if answer is None:
+        return make_check(name, FAIL, f"the Dynamo probe did not run: {tail}")
+    if not answer.get("ok"):
+        return make_check(name, FAIL, "torch.compile(fullgraph=True) of a function calling FlashInfer's "
+                          f"get_cuda_version() failed: {answer.get('error')}", **answer)
+    return make_check(name, PASS, "torch.compile(fullgraph=True) traces FlashInfer's get_cuda_version() "
+                      "without a subprocess", **answer)
+
+
 def check_gpu() -> dict:
     smi = shutil.which("nvidia-smi")
     if smi is None and not os.path.exists("/dev/nvidiactl"):
@@ -527,6 +625,9 @@ def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = Fal
         ("cuda-toolchain", lambda: check_cuda_toolchain(expect)),
         ("cuda-home", lambda: check_cuda_home(expect)),
         ("deep-gemm-sm120", lambda: check_deep_gemm_sm120(expect, workdir, skip_compile)),
+        ("imports", lambda: check_imports(expect)),
+        ("torch-cuda", lambda: check_torch_cuda(expect)),
+        ("flashinfer-dynamo", lambda: check_flashinfer_dynamo(expect)),
         ("gpu", check_gpu),
     )
     results = []

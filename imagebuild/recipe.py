@@ -66,6 +66,13 @@ class Patch:
 
 
 @dataclass(frozen=True)
+class SmokeSpec:
+    """What the in-image smoke test does beyond its standard checks."""
+
+    imports: tuple[str, ...] = ()  # modules imported (each in its own process) on a machine without a GPU
+
+
+@dataclass(frozen=True)
 class Recipe:
     path: Path  # absolute path of the recipe file
     name: str  # image repository name
@@ -76,6 +83,7 @@ class Recipe:
     patches: tuple[Patch, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    smoke: SmokeSpec = SmokeSpec()
 
     @property
     def stem(self) -> str:
@@ -85,7 +93,8 @@ class Recipe:
 
 DEBIAN_ARCHS = ("amd64", "arm64")
 
-_TOP_KEYS = ("image", "base", "python", "cuda", "patches", "env", "labels")
+_TOP_KEYS = ("image", "base", "python", "cuda", "patches", "env", "labels", "smoke")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _IMAGE_KEYS = ("name", "tag")
 _DEBIAN_KEYS = ("debian", "packages", "arch")
 _IMAGE_BASE_KEYS = ("image", "python", "glibc", "python_path")
@@ -138,7 +147,21 @@ def parse_recipe(text: str, path: Path) -> Recipe:
         env=_string_map(read, doc, "env", _ENV_NAME,
                         "is not an environment variable name", "letters, digits and _, not starting with a digit"),
         labels=_string_map(read, doc, "labels", _ANY_KEY, "is not a label key", "a label key cannot be empty"),
+        smoke=_smoke(read, read.table(doc, ("smoke",))),
     )
+
+
+def _smoke(read: RecipeReader, table: dict | None) -> SmokeSpec:
+    if table is None:
+        return SmokeSpec()
+    key = ("smoke",)
+    read.known_keys(table, key, ("imports",))
+    imports = read.strings(table, key + ("imports",), example='["torch", "sglang"]')
+    for index, module in enumerate(imports):
+        if not _MODULE.fullmatch(module):
+            raise read.error(key + ("imports", index), f"{show(module)} is not a module name",
+                             hint='a dotted Python module name such as "sgl_kernel" or "flashinfer.jit"')
+    return SmokeSpec(imports=tuple(dict.fromkeys(imports)))
 
 
 def _image(read: RecipeReader, table: dict) -> tuple[str, str]:

@@ -14,17 +14,25 @@ import re
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
-
-import requests
 
 from imagebuild.bases import cache_dir
 from imagebuild.errors import ImagebuildError, ToolMissing
-from imagebuild.registry_auth import (RETRY_ERRORS, RETRY_STATUS, AuthFailed, Credentials,
-                                      Progress, RegistryClient, RegistryError, describe,
-                                      parse_upload_range, with_query)
+from imagebuild.oci import LayoutError
+from imagebuild.registry_auth import (
+    RETRY_ERRORS,
+    RETRY_STATUS,
+    AuthFailed,
+    Credentials,
+    Progress,
+    RegistryClient,
+    RegistryError,
+    describe,
+    parse_upload_range,
+    with_query,
+)
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -38,10 +46,6 @@ _BLOCK = 1 << 20  # bytes read from a blob file at a time
 
 def _quiet(_: str) -> None:
     pass
-
-
-class LayoutError(ImagebuildError):
-    """A directory that is not a usable OCI image layout."""
 
 
 # ---------------------------------------------------------------- references
@@ -99,9 +103,10 @@ class Manifest:
     media_type: str
     data: bytes
     blobs: list[Blob] = field(default_factory=list)  # config, then layers
-    children: list["Manifest"] = field(default_factory=list)  # an index's manifests
+    children: list[Manifest] = field(default_factory=list)  # an index's manifests
+    referrers: list[Manifest] = field(default_factory=list)  # manifests whose subject this is (SBOMs)
 
-    def walk(self) -> Iterator["Manifest"]:
+    def walk(self) -> Iterator[Manifest]:
         """Children before parents: the order they must reach the registry in."""
         for child in self.children:
             yield from child.walk()
@@ -165,7 +170,17 @@ def read_layout(root: str | Path, name: str | None = None) -> Manifest:
         raise LayoutError(f"{root} holds {len(chosen)} image(s) "
                           f"{'named ' + repr(name) if name else 'in index.json'}; pick one with "
                           f"--layout-name (names: {listed})")
-    return _load_manifest(root, chosen[0], str(root))
+    image = _load_manifest(root, chosen[0], str(root))
+    for entry in entries:  # artifacts that name the image as their subject travel with it
+        if entry is not chosen[0] and isinstance(entry, dict) and entry.get("mediaType") == OCI_MANIFEST:
+            try:
+                other = _load_manifest(root, entry, str(root))
+            except LayoutError:
+                continue  # another image's damage is not this push's business
+            subject = json.loads(other.data).get("subject")
+            if isinstance(subject, dict) and subject.get("digest") == image.digest:
+                image.referrers.append(other)
+    return image
 
 
 def export_engine_image(image: str, out_dir: Path, progress: Progress = _quiet) -> str:
@@ -176,15 +191,16 @@ def export_engine_image(image: str, out_dir: Path, progress: Progress = _quiet) 
         export_layout = None
     if export_layout is not None:
         from imagebuild.engine import default_engine
-        epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+        epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
         progress(f"writing {image} as an OCI layout (imagebuild.oci)")
-        export_layout(default_engine(), image, out_dir, epoch=epoch)
+        export_layout(default_engine(), image, out_dir,
+                      **({"epoch": int(epoch)} if epoch.isdigit() else {}))
         return "imagebuild.oci"
     progress(f"writing {image} as an OCI layout (skopeo copy docker-daemon:)")
     try:
         proc = subprocess.run(["skopeo", "copy", "--insecure-policy", "--dest-compress",
                                f"docker-daemon:{image}", f"oci:{out_dir}"],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, check=False)
     except FileNotFoundError:
         raise ToolMissing("pushing an engine image needs skopeo until imagebuild.oci lands: "
                           "`apt-get install -y skopeo`, or push an OCI layout directory") from None
@@ -443,7 +459,8 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
     if ref.digest and ref.digest != image.digest:
         raise ImagebuildError(f"{ref} pins {ref.digest}, but the layout's image is {image.digest}")
     cache = MountCache(cache_dir() / "registry-blobs.json" if remember else None)
-    blobs = list({b.digest: b for m in image.walk() for b in m.blobs}.values())
+    everything = [m for r in image.referrers for m in r.walk()] + list(image.walk())
+    blobs = list({b.digest: b for m in everything for b in m.blobs}.values())
     sources = {b.digest: [s for s in dict.fromkeys([*mount_from, *cache.sources(
         ref.registry, b.digest, ref.repository)]) if s != ref.repository] for b in blobs}
     pulls = dict.fromkeys(s for found in sources.values() for s in found)
@@ -453,10 +470,9 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
     client.ping([f"repository:{ref.repository}:pull,push"] + [f"repository:{s}:pull" for s in pulls])
     pusher = _Pusher(client, ref.repository, chunk_size, progress)
     results = [pusher.push_blob(blob, sources[blob.digest]) for blob in blobs]
-    manifests = list(image.walk())
-    for manifest in manifests:  # children by digest, the image itself last, by tag
+    for manifest in everything:  # referrers and children by digest, the image itself last, by tag
         pusher.put_manifest(manifest, (ref.tag or ref.digest) if manifest is image else manifest.digest)
     cache.record(ref.registry, ref.repository, [b.digest for b in blobs])
     cache.save()
     return PushReport(str(ref), image.digest, image.media_type, str(source), results,
-                      len(manifests), client.retried, time.monotonic() - started)
+                      len(everything), client.retried, time.monotonic() - started)

@@ -17,15 +17,20 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
 import requests
 
 from imagebuild import __version__
-from imagebuild.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_UNAVAILABLE, ImagebuildError
+from imagebuild.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_UNAVAILABLE,
+    ImagebuildError,
+)
 
 Progress = Callable[[str], None]
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -204,7 +209,7 @@ def run_credential_helper(helper: str, registry: str) -> Credentials | None:
                                f"but docker-credential-{helper} is not on PATH")
     for server in (registry, f"https://{registry}"):
         try:
-            proc = subprocess.run([program, "get"], input=server, capture_output=True, text=True,
+            proc = subprocess.run([program, "get"], input=server, capture_output=True, text=True, check=False,
                                   timeout=60)
         except (OSError, subprocess.TimeoutExpired) as err:
             raise CredentialsError(f"docker-credential-{helper} failed: {err}") from None

@@ -139,14 +139,18 @@ def labels(lock: Lock, recipe: Recipe) -> dict[str, str]:
     return dict(sorted((recipe.labels | ours).items()))
 
 
-def expectations(lock: Lock) -> dict:
+def expectations(lock: Lock, imports: tuple[str, ...] = ()) -> dict:
     """What the in-image probe checks the image against (probe.py reads this file)."""
     home = cuda_home(lock)
     cuda = dict(lock.cuda, home=home) if lock.cuda and home else None
     deep_gemm = any(name in lock.packages for name in ("sgl-deep-gemm", "deep-gemm"))
+    has_torch = "torch" in lock.packages
     return {"python": {"executable": f"{VENV}/bin/python", "version": lock.base.python},
             "packages": lock.packages, "cuda": cuda,
             "deep_gemm": {"compile": bool(cuda and deep_gemm)},
+            "imports": list(imports),
+            "torch_cuda": lock.cuda.get("toolkit") if has_torch and lock.cuda else None,
+            "flashinfer_dynamo": has_torch and "flashinfer-python" in lock.packages,
             "patches": [{"package": p.package, "sha256": p.sha256} for p in lock.patches]}
 
 
@@ -159,7 +163,8 @@ def render_values(lock: Lock, recipe: Recipe) -> RenderValues:
         tool_version=__version__, recipe=lock.recipe, base_ref=lock.base.image_ref,
         python_path=lock.base.python_path, venv=VENV, site_packages=site_packages(lock),
         env_base=base_env(lock), env_recipe=dict(recipe.env), layers=layer_values(lock),
-        patches=lock.patches, labels=labels(lock, recipe), expect=expectations(lock))
+        patches=lock.patches, labels=labels(lock, recipe),
+        expect=expectations(lock, recipe.smoke.imports))
 
 
 def docker_quote(value: str) -> str:

@@ -134,7 +134,7 @@ def test_second_patch_is_appended_and_reapplying_is_refused(tmp_path):
 
 
 def test_context_mismatch_names_file_hunk_lines_and_writes_nothing(tmp_path):
-    site, info = demo_site(tmp_path)
+    site, _ = demo_site(tmp_path)
     core = site / "demo" / "core.py"
     core.write_bytes(core.read_bytes().replace(b"whisper", b"murmur"))  # the installed file moved on
     before = snapshot(site)
@@ -256,9 +256,8 @@ def test_deletion_needs_the_whole_file_to_match(tmp_path):
 def test_no_newline_at_end_of_file_both_ways(old, new):
     text = unified(old, new)
     fp = parse_patch(text)[0]
+    assert "\\ No newline at end of file" in text
     assert apply_to_text(fp, old) == new
-    if old.endswith("\n") != new.endswith("\n") or not old or not new:
-        assert "\\ No newline at end of file" in text or "" in (old, new)
 
 
 def test_marker_in_the_middle_of_a_file_is_refused():
@@ -307,7 +306,7 @@ def test_stale_bytecode_of_a_patched_module_is_removed(tmp_path):
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=60)
+                          check=False, timeout=60)
 
 
 def test_script_exit_codes_and_messages(tmp_path):
@@ -456,7 +455,7 @@ def flashinfer_wheel() -> Path:
         CACHE.mkdir(parents=True, exist_ok=True)
         got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
                               "flashinfer-python==0.7.2", "-d", str(CACHE)],
-                             capture_output=True, text=True, timeout=600)
+                             capture_output=True, text=True, check=False, timeout=600)
         if got.returncode or not wheel.exists():
             pytest.skip(f"PyPI unreachable, flashinfer-python 0.7.2 not downloaded: {got.stderr[-300:]}")
     assert hashlib.sha256(wheel.read_bytes()).hexdigest() == FLASHINFER_WHEEL_SHA256
@@ -507,7 +506,8 @@ def cuda_version_function(source: str, torch_cuda: str | None, nvcc_output: str)
                  "torch": types.SimpleNamespace(version=types.SimpleNamespace(cuda=torch_cuda)),
                  "subprocess": types.SimpleNamespace(check_output=check_output, run=run,
                                                      CalledProcessError=subprocess.CalledProcessError)}
-    exec(compile(ast.Module(body=functions, type_ignores=[]), "cpp_ext.py", "exec"), namespace)
+    # the function's own source, from the patched file, run here without importing flashinfer
+    exec(compile(ast.Module(body=functions, type_ignores=[]), "cpp_ext.py", "exec"), namespace)  # noqa: S102
     return namespace["get_cuda_version"], calls
 
 
@@ -544,7 +544,7 @@ def torch_python() -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
         got = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "torch==2.13.0+cpu",
-                              "packaging"], capture_output=True, text=True, timeout=900)
+                              "packaging"], capture_output=True, text=True, check=False, timeout=900)
         if got.returncode:
             shutil.rmtree(venv, ignore_errors=True)
             pytest.skip(f"CPU torch 2.13.0 not installable here: {got.stderr[-300:]}")
@@ -584,17 +584,17 @@ def test_patched_get_cuda_version_compiles_under_dynamo(flashinfer_site, torch_p
     env.pop("FLASHINFER_CUDA_VERSION", None)
 
     good = subprocess.run([str(torch_python), str(script), str(patched)], capture_output=True,
-                          text=True, env=env, timeout=300)
+                          text=True, env=env, check=False, timeout=300)
     assert good.returncode == 0, good.stderr[-2000:]
     assert good.stdout.strip().splitlines()[-1] == "[1.0, 1.0] 13.0"
     assert not (tmp_path / "nvcc-ran").exists()
 
     bad = subprocess.run([str(torch_python), str(script), str(upstream)], capture_output=True,
-                         text=True, env=env, timeout=300)
+                         text=True, env=env, check=False, timeout=300)
     assert bad.returncode != 0 and "Unsupported" in bad.stderr  # the bug the patch fixes
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None)
 @given(edits=st.lists(st.tuples(st.integers(0, 60), st.sampled_from(["drop", "double", "flip"])),
                       min_size=1, max_size=3))
 def test_a_damaged_patch_applies_whole_or_not_at_all(tmp_path_factory, edits):

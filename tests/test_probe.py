@@ -260,7 +260,8 @@ def test_probe_runs_under_python_3_9():
     status, report = run_cli(python39, "--skip-compile")
     assert status in (0, 1) and report["host"]["python"].startswith("3.9")
     assert [check["name"] for check in report["checks"]] == [
-        "interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm120", "gpu"]
+        "interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm120", "imports", "torch-cuda",
+        "flashinfer-dynamo", "gpu"]
 
 
 # ---- the real thing: a venv with the pip CUDA toolchain and sgl-deep-gemm ----
@@ -339,7 +340,9 @@ def test_probe_passes_in_the_locked_venv(passing_run):
     found = statuses(report)
     assert found.pop("gpu") in ("pass", "skip")
     assert found == {"interpreter": "pass", "packages": "pass", "cuda-toolchain": "pass",
-                     "cuda-home": "pass", "deep-gemm-sm120": "pass"}
+                     "cuda-home": "pass", "deep-gemm-sm120": "pass",
+                     # no torch in this venv: the stack tiers have nothing to check
+                     "imports": "skip", "torch-cuda": "skip", "flashinfer-dynamo": "skip"}
 
 
 def test_deep_gemm_kernels_compile_to_sm120_cubins(passing_run):
@@ -436,3 +439,27 @@ def test_deep_gemm_without_an_sm120_gencode_fails_clearly(cuda_venv, tmp_path):
     check = check_named(report, "deep-gemm-sm120")
     assert status == 1 and check["status"] == "fail"
     assert "has no SM120 gencode" in check["detail"] and str(fake) in check["detail"]
+
+
+# ---- the ML stack tiers (the real torch / FlashInfer runs are in tests/test_flagship.py) ----
+
+def test_imports_check_imports_each_module_in_its_own_process():
+    passed = probe.check_imports({"imports": ["json", "email.mime.text"]})
+    assert passed["status"] == probe.PASS and set(passed["evidence"]["imported"]) == {"json", "email.mime.text"}
+    failed = probe.check_imports({"imports": ["json", "no_such_module_here"]})
+    assert failed["status"] == probe.FAIL and "no_such_module_here" in failed["detail"]
+    assert "ModuleNotFoundError" in failed["evidence"]["failed"]["no_such_module_here"]
+    assert probe.check_imports({"imports": []})["status"] == probe.SKIP
+
+
+def test_stack_tiers_skip_when_the_lock_has_no_torch():
+    assert probe.check_torch_cuda({"torch_cuda": None})["status"] == probe.SKIP
+    assert probe.check_flashinfer_dynamo({"flashinfer_dynamo": False})["status"] == probe.SKIP
+
+
+@pytest.mark.parametrize("key, value", [("imports", "torch"), ("imports", [1]), ("torch_cuda", "thirteen"),
+                                        ("flashinfer_dynamo", "yes")])
+def test_expect_rejects_malformed_stack_keys(key, value):
+    raw = {"python": {"executable": "/opt/venv/bin/python", "version": "3.11"}, "packages": {}, key: value}
+    expect, errors = probe.validate_expect(raw)
+    assert expect is None and any(key in error for error in errors)

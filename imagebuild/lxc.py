@@ -1,0 +1,838 @@
+"""Publish to Proxmox: an image as an LXC rootfs template (or an OCI archive), and the container
+config lines that pass NVIDIA GPUs through.
+
+    engine export stream ──filter (owners, /dev, init, env)──▶ zstd -T0 ──▶ .NAME.partial ──rename──▶ NAME
+
+pve-container unpacks a template with `tar xpf --numeric-owner --xattrs --anchored --exclude ./dev/*`
+under a uid shift of 100000 (src/PVE/LXC/Create.pm), picks its setup plugin by /etc/os-release ID and
+starts /sbin/init. docs/proxmox.md says what the template holds and why. Nothing here holds more than
+one file of the image in memory, and the final path appears only when the template is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import posixpath
+import re
+import shlex
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterable, Iterator
+
+from imagebuild.errors import EXIT_FAILED, ImagebuildError, ToolMissing
+
+Progress = Callable[[str], None]
+ID_RANGE = 65536  # unprivileged containers map uid/gid 0..65535 to 100000..165535
+BUFFER = 1 << 20
+SMALL_FILE = 1 << 20  # files the filter reads or edits (os-release, bash.bashrc) stay under this
+# /etc/os-release ID -> the file pve-container's plugin for it reads (None: os-release is enough).
+PROXMOX_OS = {"debian": "etc/debian_version", "devuan": "etc/devuan_version",
+              "ubuntu": "etc/lsb-release", "alpine": "etc/alpine-release",
+              "centos": "etc/redhat-release", "rocky": "etc/redhat-release",
+              "almalinux": "etc/redhat-release", "fedora": None, "archlinux": None, "arch": None,
+              "gentoo": None, "opensuse": None, "opensuse-leap": None, "opensuse-tumbleweed": None,
+              "sles": None, "nixos": None, "openeuler": None, "openEuler": None}
+COMPRESSORS = {"zst": (".tar.zst", ("zstd", "-T0", "-q", "-c")),
+               "gz": (".tar.gz", ("pigz", "-n", "-c")),  # gzip -n -c when pigz is missing
+               "xz": (".tar.xz", ("xz", "-T0", "-q", "-c"))}
+# Files the template gets from imagebuild (docs/proxmox.md, "Init and environment").
+INIT = "sbin/init"
+ENV_SCRIPT = "etc/profile.d/imagebuild.sh"
+COMMAND_FILE = "etc/imagebuild/command"
+BASHRC_HOOK = (b"# imagebuild: the image's environment for interactive shells (pct enter)\n"
+               b"[ -r /etc/profile.d/imagebuild.sh ] && . /etc/profile.d/imagebuild.sh\n")
+INIT_SHIM = """#!/bin/sh
+# PID 1 of a Proxmox container made by `imagebuild export-lxc` from an image without an init
+# (docs/proxmox.md): the image's environment, /dev/shm, ifupdown networking when the image has it,
+# then the image's command with the console as stdin. Stop signals go on to the command; the
+# container ends when the command does. With no command it idles until stopped.
+. /etc/profile.d/imagebuild.sh
+mountpoint -q /dev/shm 2>/dev/null ||
+  { mkdir -p /dev/shm && mount -t tmpfs -o nosuid,nodev,mode=1777 shm /dev/shm; } 2>/dev/null
+if command -v ifup >/dev/null 2>&1 && [ -f /etc/network/interfaces ]; then ifup -a; fi
+set --
+. /etc/imagebuild/command
+[ "$#" -gt 0 ] || set -- sleep infinity
+"$@" <&0 &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP PWR
+wait "$child"; status=$?
+while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done
+exit "$status"
+"""
+_PAX_OWN_KEYS = {"path", "linkpath", "size", "uid", "gid", "uname", "gname", "mtime", "atime",
+                 "ctime", "charset", "comment", "hdrcharset"}
+_TYPES = {tarfile.REGTYPE: tarfile.REGTYPE, tarfile.AREGTYPE: tarfile.REGTYPE,
+          tarfile.CONTTYPE: tarfile.REGTYPE, tarfile.GNUTYPE_SPARSE: tarfile.REGTYPE,
+          tarfile.DIRTYPE: tarfile.DIRTYPE, tarfile.SYMTYPE: tarfile.SYMTYPE,
+          tarfile.LNKTYPE: tarfile.LNKTYPE, tarfile.FIFOTYPE: tarfile.FIFOTYPE,
+          tarfile.CHRTYPE: tarfile.CHRTYPE, tarfile.BLKTYPE: tarfile.BLKTYPE}
+# What a damaged tar stream raises from inside tarfile.
+_TAR_ERRORS = (tarfile.TarError, EOFError, ValueError, OverflowError, UnicodeError, KeyError,
+               IndexError, TypeError, AttributeError)
+_DOCKER_PLACEHOLDERS = {"etc/hostname", "etc/hosts", "etc/resolv.conf"}  # empty, 0755, from `docker create`
+
+
+class TemplateError(ImagebuildError):
+    """The image cannot become a Proxmox template as it is."""
+
+
+class OwnerOutOfRange(TemplateError):
+    def __init__(self, path: str, uid: int, gid: int):
+        self.path, self.uid, self.gid = path, uid, gid
+        super().__init__(f"/{path} is owned by {uid}:{gid}, outside 0-{ID_RANGE - 1}: an unprivileged "
+                         f"Proxmox container maps only those ids (to 100000+id); chown it in the recipe")
+
+
+class NotAProxmoxOs(TemplateError):
+    """os-release or the distribution's version file is missing, or names an OS Proxmox cannot set up."""
+
+
+class UnreadableRootfs(TemplateError):
+    exit_code = EXIT_FAILED
+
+
+class DriverInImage(ImagebuildError):
+    exit_code = EXIT_FAILED
+
+
+class NoGpuDevices(ImagebuildError):
+    """The host tree lacks what passthrough needs (the driver or nvidia-uvm is not loaded)."""
+
+
+# ---------------------------------------------------------------- values
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What the template needs from the image's config."""
+
+    id: str
+    env: tuple[str, ...] = ()
+    command: tuple[str, ...] = ()  # ENTRYPOINT + CMD
+    workdir: str = ""
+    user: str = ""
+    created: int = 0  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class TemplatePlan:
+    init: str = "auto"  # auto: the image's /sbin/init if it has one, else the shim; shim; image
+    command: tuple[str, ...] = ()  # what the shim runs; () idles
+    workdir: str = ""
+    env: tuple[str, ...] = ()
+    epoch: int | None = None  # mtimes are clamped to this (None: kept)
+
+
+@dataclass
+class RootfsSummary:
+    members: int = 0
+    bytes_in: int = 0
+    dropped: list[str] = field(default_factory=list)
+    os: dict = field(default_factory=dict)
+    init: str = ""
+    added: list[str] = field(default_factory=list)
+    driver_libraries: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TemplateReport:
+    image: str
+    image_id: str
+    path: str
+    format: str  # lxc-rootfs or oci-archive
+    compression: str | None
+    size: int
+    sha256: str
+    seconds: float
+    rootfs: RootfsSummary | None = None
+    tool: str = ""  # for OCI: what wrote the layout
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["seconds"] = round(self.seconds, 2)
+        return data
+
+
+# ---------------------------------------------------------------- the filter
+
+def _clean(name: str) -> str:
+    """`./etc/x`, `/etc/x`, `etc//x` -> `etc/x`; the root is ''. A `..` that climbs out is refused."""
+    parts = []
+    for part in name.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            raise UnreadableRootfs(f"tar member {name!r} climbs out of the root; not a rootfs")
+        parts.append(part)
+    return "/".join(parts)
+
+
+def _resolve(path: str, links: dict[str, str], follow_last: bool = True, limit: int = 40) -> str | None:
+    """path inside the archive with its symlinked components followed (None: a loop)."""
+    parts, done = path.split("/"), []
+    while parts:
+        done.append(parts.pop(0))
+        target = links.get("/".join(done)) if parts or follow_last else None
+        if target is None:
+            continue
+        limit -= 1
+        if limit < 0:
+            return None
+        base = "" if target.startswith("/") else "/".join(done[:-1])
+        parts = [p for p in posixpath.normpath("/" + posixpath.join(base, target)).split("/") if p] + parts
+        done = []
+    return "/".join(done)
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key and not key.startswith("#"):
+            values[key] = value.strip().strip("\"'")
+    return values
+
+
+def is_driver_library(path: str, env: Iterable[str] = ()) -> bool:
+    """libcuda.so* is the host driver's: a copy in the image shadows it. A link-time stub (…/stubs/)
+    is fine unless LD_LIBRARY_PATH puts its folder on the loader's path."""
+    folder, base = posixpath.split("/" + path)
+    if not base.startswith("libcuda.so"):
+        return False
+    if "stubs" not in folder.split("/"):
+        return True
+    paths = [v.partition("=")[2] for v in env if v.startswith("LD_LIBRARY_PATH=")]
+    return any(posixpath.normpath(p) == folder for value in paths for p in value.split(":") if p)
+
+
+def env_files(env: Iterable[str]) -> tuple[bytes, bytes, list[str]]:
+    """The image's Env as /etc/profile.d/imagebuild.sh (shell) and lines for /etc/environment (pam_env)."""
+    script = ["# The image's environment (its ENV), written by imagebuild export-lxc. Login shells, "
+              "/etc/bash.bashrc and /sbin/init read it."]
+    pam, skipped = ["# The image's environment, written by imagebuild export-lxc (pam_env reads it)."], []
+    for item in env:
+        key, _, value = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            skipped.append(f"ENV {key!r} is not a shell variable name; left out")
+            continue
+        script.append(f"export {key}={shlex.quote(value)}")
+        if re.fullmatch(r"[^\s\"'\\#]*", value):
+            pam.append(f"{key}={value}")
+        elif '"' not in value and "\\" not in value and "\n" not in value:
+            pam.append(f'{key}="{value}"')
+        else:
+            skipped.append(f"ENV {key} cannot be written to /etc/environment; login shells still get it")
+    return ("\n".join(script) + "\n").encode(), ("\n".join(pam) + "\n").encode(), skipped
+
+
+def command_file(command: Iterable[str], workdir: str) -> bytes:
+    lines = ["# The image's ENTRYPOINT + CMD and WORKDIR, run by /sbin/init (imagebuild's shim)."]
+    if workdir:
+        lines.append(f"cd {shlex.quote(workdir)} 2>/dev/null || cd /")
+    lines.append("set --" + "".join(" " + shlex.quote(arg) for arg in command))
+    return ("\n".join(lines) + "\n").encode()
+
+
+class _Forward:
+    """A forward-only seekable view of a stream, so tarfile reads it without its slow stream mode
+    (which copies its whole buffer on every header read). `last` is the latest block read."""
+
+    def __init__(self, raw: BinaryIO):
+        self.raw, self.position, self.last = raw, 0, b""
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.position += len(data)
+        self.last = data
+        return data
+
+    def readinto(self, buffer) -> int:
+        n = self.raw.readinto(buffer)
+        self.position += n
+        return n
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence != 0 or offset < self.position:
+            raise tarfile.ReadError(f"cannot go back to byte {offset} of a stream at {self.position}")
+        while self.position < offset:
+            if not self.read(min(offset - self.position, BUFFER)):
+                break
+        return self.position
+
+
+class _Counting:
+    """The sink side: tarfile's write mode asks where it is."""
+
+    def __init__(self, raw: BinaryIO):
+        self.raw, self.position = raw, 0
+
+    def write(self, data) -> int:
+        self.raw.write(data)
+        self.position += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.position
+
+
+class _Reading:
+    """The source side of the filter: every tarfile failure becomes UnreadableRootfs, and a stream
+    that stops without tar's end-of-archive blocks is refused rather than taken as complete."""
+
+    def __init__(self, source: BinaryIO):
+        self.source = _Forward(source)
+        try:
+            self.tar = tarfile.TarFile(fileobj=self.source, mode="r", copybufsize=BUFFER)
+        except _TAR_ERRORS as err:
+            raise UnreadableRootfs(f"the image's filesystem stream is not a tar archive ({err})") from None
+
+    def members(self) -> Iterator[tarfile.TarInfo]:
+        while True:
+            try:
+                member = self.tar.next()
+            except _TAR_ERRORS as err:
+                raise UnreadableRootfs(f"the filesystem stream is damaged ({type(err).__name__}: "
+                                       f"{err})") from None
+            self.tar.members.clear()  # tarfile keeps every header it read: memory stays flat
+            if member is None:
+                last = self.source.last
+                if len(last) != tarfile.BLOCKSIZE or last.count(0) != tarfile.BLOCKSIZE:
+                    raise UnreadableRootfs(f"the filesystem stream stops at byte {self.source.position} "
+                                           "without tar's end-of-archive marker: truncated or damaged")
+                return
+            yield member
+
+    def data(self, member: tarfile.TarInfo) -> BinaryIO:
+        return _Guarded(self.tar.extractfile(member), member.name)
+
+
+class _Guarded:
+    def __init__(self, raw, name: str):
+        self.raw, self.name = raw, name
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            data = self.raw.read(size)
+        except _TAR_ERRORS as err:
+            raise UnreadableRootfs(f"the filesystem stream breaks off in /{self.name} ({err})") from None
+        return data
+
+
+def filter_rootfs(source: BinaryIO, sink: BinaryIO, plan: TemplatePlan = TemplatePlan(),
+                  progress: Callable[[int], None] = lambda _: None) -> RootfsSummary:
+    """Copy a rootfs tar stream into a Proxmox template tar stream; raise TemplateError if it can't be one."""
+    summary = RootfsSummary()
+    reading = _Reading(source)
+    out = tarfile.TarFile(fileobj=_Counting(sink), mode="w", format=tarfile.PAX_FORMAT,
+                          copybufsize=BUFFER)
+    env_script, environment, skipped = env_files(plan.env)
+    summary.warnings += skipped
+    replaced = {ENV_SCRIPT: env_script, COMMAND_FILE: command_file(plan.command, plan.workdir)}
+    appended = {"etc/environment": environment, "etc/bash.bashrc": BASHRC_HOOK}
+    links: dict[str, str] = {}
+    kept: dict[str, bytes] = {}  # small files read for the checks at the end
+    written: set[str] = set()
+    dropped: set[str] = set()
+    for member in reading.members():
+        name = _clean(member.name)
+        summary.members += 1
+        summary.bytes_in += max(member.size, 0) if member.isreg() else 0
+        progress(summary.bytes_in)
+        kind = _TYPES.get(member.type)
+        if kind is None:
+            raise UnreadableRootfs(f"/{name}: tar member type {member.type!r} is not a file, folder, "
+                                   f"link, device or fifo")
+        target = _clean(member.linkname) if kind == tarfile.LNKTYPE else None
+        if (name.startswith("dev/") or name == ".dockerenv" or kind in (tarfile.CHRTYPE, tarfile.BLKTYPE)
+                or target in dropped or name in replaced
+                or (plan.init == "shim" and _resolve(name, links, False) == _resolve(INIT, links, False))):
+            dropped.add(name)
+            if not name.startswith("dev/") and name not in replaced:
+                summary.dropped.append("/" + name)
+            _skip(reading, member)
+            continue
+        if not (0 <= member.uid < ID_RANGE and 0 <= member.gid < ID_RANGE):
+            raise OwnerOutOfRange(name, member.uid, member.gid)
+        if kind == tarfile.SYMTYPE:
+            links[name] = member.linkname
+        if kind != tarfile.DIRTYPE and is_driver_library(name, plan.env):
+            summary.driver_libraries.append("/" + name)
+        _normalize(member, name, kind, target, plan.epoch)
+        data = None
+        if kind != tarfile.REGTYPE:
+            member.size = 0
+        elif name in appended or (_watched(name) and member.size <= SMALL_FILE):
+            if member.size > SMALL_FILE:
+                raise TemplateError(f"/{name} is over {SMALL_FILE >> 20} MiB; imagebuild appends to it")
+            data = kept[name] = reading.data(member).read()
+            if name in appended:
+                data += (b"" if not data or data.endswith(b"\n") else b"\n") + appended.pop(name)
+                member.size = len(data)
+            data = io.BytesIO(data)
+        else:
+            data = reading.data(member)
+        _write(out, member, data)
+        out.members.clear()
+        written.add(name)
+    summary.os = _check_os(kept, links)
+    has_init = _resolve(INIT, links) in written
+    if plan.init == "image" and not has_init:
+        raise NotAProxmoxOs("the image has no /sbin/init, which Proxmox starts; use --init shim "
+                            "(imagebuild's init script, docs/proxmox.md) or install an init in the recipe")
+    summary.init = "image" if has_init and plan.init != "shim" else "shim"
+    additions = dict(replaced) | appended
+    if summary.init == "shim":
+        additions[INIT] = INIT_SHIM.encode()
+    else:
+        del additions[COMMAND_FILE]
+    for path, data in sorted(additions.items()):
+        if path in appended and _resolve(path, links) in written:
+            summary.warnings.append(f"/{path} is a link to /{_resolve(path, links)}; not extended")
+            continue
+        summary.added.append("/" + _add(out, path, data, links, written, plan.epoch or 0))
+    out.close()
+    summary.dropped.sort()
+    return summary
+
+
+def _normalize(member: tarfile.TarInfo, name: str, kind: str, target: str | None,
+               epoch: int | None) -> None:
+    """Names under ./ (pve-container's exclude is anchored there), tarfile's own PAX keys dropped."""
+    member.type, member.name = kind, "./" + name if name else "./"
+    if target is not None:
+        member.linkname = "./" + target
+    member.pax_headers = {k: v for k, v in member.pax_headers.items()
+                          if k not in _PAX_OWN_KEYS and not k.startswith("GNU.sparse.")}
+    member.mode &= 0o7777
+    if epoch is not None:
+        try:
+            member.mtime = max(0, min(int(member.mtime), epoch))
+        except (ValueError, OverflowError):
+            member.mtime = epoch
+    if name in _DOCKER_PLACEHOLDERS and kind == tarfile.REGTYPE and member.size == 0:
+        member.mode = 0o644
+
+
+def _write(out: tarfile.TarFile, member: tarfile.TarInfo, data) -> None:
+    try:
+        out.addfile(member, data)
+    except (ValueError, UnicodeError, OverflowError) as err:
+        raise UnreadableRootfs(f"{member.name[1:]}: cannot be written to a tar ({err})") from None
+    except OSError as err:
+        if err.errno is not None:  # the sink's: a compressor that stopped, a full disk
+            raise
+        raise UnreadableRootfs(f"the filesystem stream breaks off in {member.name[1:]} ({err})") from None
+
+
+def _skip(reading: _Reading, member: tarfile.TarInfo) -> None:
+    if member.isreg():
+        data = reading.data(member)
+        while data.read(BUFFER):
+            pass
+
+
+def _watched(name: str) -> bool:
+    return name in ("etc/os-release", "usr/lib/os-release") or name in PROXMOX_OS.values()
+
+
+def _read_through(kept: dict[str, bytes], links: dict[str, str], path: str) -> bytes | None:
+    resolved = _resolve(path, links)
+    return kept.get(resolved) if resolved is not None else None
+
+
+def _check_os(kept: dict[str, bytes], links: dict[str, str]) -> dict:
+    text = _read_through(kept, links, "etc/os-release")
+    if text is None:
+        raise NotAProxmoxOs("the image has no /etc/os-release: Proxmox picks the container's setup "
+                            "(network, hostname, DNS) by its ID; build from a distribution base")
+    release = parse_os_release(text.decode("utf-8", "replace"))
+    os_id = release.get("ID", "")
+    if os_id not in PROXMOX_OS:
+        raise NotAProxmoxOs(f"/etc/os-release says ID={os_id!r}, which Proxmox has no setup for "
+                            f"(it knows {', '.join(sorted(set(PROXMOX_OS)))})")
+    version_file = PROXMOX_OS[os_id]
+    version = None
+    if version_file:
+        data = _read_through(kept, links, version_file)
+        version = data.decode("utf-8", "replace").strip().splitlines()[0] if data and data.strip() else None
+        if version is None:
+            raise NotAProxmoxOs(f"/etc/os-release says ID={os_id} but /{version_file} is missing or "
+                                f"empty: Proxmox's {os_id} setup reads its version from there")
+    return {"id": os_id, "version_id": release.get("VERSION_ID", ""), "version_file": version_file,
+            "version": version}
+
+
+def _add(out: tarfile.TarFile, path: str, data: bytes, links: dict[str, str], written: set[str],
+         mtime: int) -> str:
+    """Write one of imagebuild's files at the path it lands on (through merged-/usr links), with folders."""
+    folder, base = posixpath.split(path)
+    real_folder = _resolve(folder, links) if folder else ""
+    if real_folder is None:
+        raise UnreadableRootfs(f"/{folder} is a symlink loop; cannot add /{path}")
+    parts = real_folder.split("/") if real_folder else []
+    for depth in range(1, len(parts) + 1):
+        parent = "/".join(parts[:depth])
+        if parent not in written:
+            info = tarfile.TarInfo("./" + parent)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, mtime
+            out.addfile(info)
+            written.add(parent)
+    real = posixpath.join(real_folder, base)
+    if real in written:
+        raise UnreadableRootfs(f"/{real} came before the symlink that leads to it; cannot replace it")
+    info = tarfile.TarInfo("./" + real)
+    info.size, info.mtime = len(data), mtime
+    info.mode = 0o755 if path == INIT else 0o644
+    out.addfile(info, io.BytesIO(data))
+    written.add(real)
+    return real
+
+
+# ---------------------------------------------------------------- export
+
+def compression_for(path: Path, requested: str | None = None) -> str:
+    """zst, gz or xz, from the name's suffix (pve-container picks tar's option by it) or --compress."""
+    found = next((name for name, (suffix, _) in COMPRESSORS.items() if path.name.endswith(suffix)), None)
+    if found is None:
+        suffixes = ", ".join(suffix for suffix, _ in COMPRESSORS.values())
+        raise TemplateError(f"{path.name}: a Proxmox template's name ends with {suffixes} "
+                            "(pct picks the decompressor by it)")
+    if requested and requested != found:
+        raise TemplateError(f"{path.name} ends with {COMPRESSORS[found][0]} but --compress {requested} "
+                            "was asked for: make them agree")
+    return found
+
+
+def default_name(image: str, compression: str = "zst", oci: bool = False) -> str:
+    """Proxmox's template naming: `name_version_arch.tar.zst` (imagebuild/cuda-toolchain:13.0 ->
+    imagebuild-cuda-toolchain_13.0_amd64.tar.zst)."""
+    name, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
+    stem = re.sub(r"[^A-Za-z0-9.+-]+", "-", name.replace("/", "-")).strip("-") or "image"
+    return f"{stem}_{tag}_amd64" + (".tar" if oci else COMPRESSORS[compression][0])
+
+
+def compressor_command(compression: str) -> list[str]:
+    command = list(COMPRESSORS[compression][1])
+    if compression == "gz" and shutil.which("pigz") is None:
+        command = ["gzip", "-n", "-c"]
+    if shutil.which(command[0]) is None:
+        package = {"zstd": "zstd", "xz": "xz-utils", "gzip": "gzip"}[command[0]]
+        raise ToolMissing(f"{command[0]} is not installed: `apt-get install -y {package}`")
+    return command
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path) -> Iterator[Path]:
+    """A temp file beside path that becomes path only when the block ends without an exception
+    (KeyboardInterrupt included); otherwise it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    temp = Path(temp)
+    try:
+        yield temp
+        with open(temp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def compress_to(path: Path, compression: str, write: Callable[[BinaryIO], object]):
+    """Run write(stdin of the compressor) with the compressor writing path; return write's result."""
+    command = compressor_command(compression)
+    with open(path, "wb") as target, tempfile.TemporaryFile() as errors:
+        # Its own session: Ctrl-C reaches imagebuild, which stops it, rather than both at once.
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=target, stderr=errors,
+                                start_new_session=True)
+        try:
+            result = write(proc.stdin)
+            proc.stdin.close()
+        except BrokenPipeError:
+            proc.wait()
+            errors.seek(0)
+            raise TemplateError(f"{command[0]} stopped (exit {proc.returncode}): "
+                                f"{errors.read().decode('utf-8', 'replace').strip()}") from None
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        if proc.wait() != 0:
+            errors.seek(0)
+            raise TemplateError(f"{command[0]} failed (exit {proc.returncode}): "
+                                f"{errors.read().decode('utf-8', 'replace').strip()}")
+    return result
+
+
+def image_config(engine, image: str) -> ImageConfig:
+    engine.check()
+    client = getattr(engine, "client", None)
+    if client is None:
+        raise ImagebuildError(f"the {engine.name} engine cannot show an image's config yet")
+    import docker.errors
+    try:
+        data = client.api.inspect_image(image)
+    except docker.errors.NotFound:
+        raise TemplateError(f"no image {image!r} in the {engine.name} engine") from None
+    config = data.get("Config") or {}
+    created = re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", data.get("Created") or "")
+    epoch = (int(datetime.fromisoformat(created.group(0)).replace(tzinfo=timezone.utc).timestamp())
+             if created else 0)
+    return ImageConfig(id=data["Id"], env=tuple(config.get("Env") or ()),
+                       command=tuple(config.get("Entrypoint") or ()) + tuple(config.get("Cmd") or ()),
+                       workdir=config.get("WorkingDir") or "", user=config.get("User") or "",
+                       created=epoch)
+
+
+class _Chunks(io.RawIOBase):
+    """A file over an iterator of byte chunks (the engine API's export stream)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self.chunks, self.rest = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.rest:
+            self.rest = next(self.chunks, b"")
+            if not self.rest:
+                return 0
+        n = min(len(buffer), len(self.rest))
+        buffer[:n], self.rest = self.rest[:n], self.rest[n:]
+        return n
+
+
+@contextlib.contextmanager
+def rootfs_stream(engine, image_id: str) -> Iterator[BinaryIO]:
+    """The image's filesystem as one tar stream: a container is created (never started), exported
+    through the engine API, and removed. Belongs in the engine contract (engine.export_rootfs)."""
+    export = getattr(engine, "export_rootfs", None)
+    if export is not None:
+        with export(image_id) as stream:
+            yield stream
+        return
+    client = getattr(engine, "client", None)
+    if client is None:
+        raise ImagebuildError(f"the {engine.name} engine cannot export a filesystem yet")
+    container = None
+    try:
+        container = client.api.create_container(image_id, command=["/.imagebuild-export"],
+                                                labels={"io.imagebuild.role": "export-lxc"},
+                                                network_disabled=True)["Id"]
+        yield io.BufferedReader(_Chunks(client.api.export(container, chunk_size=BUFFER)), BUFFER)
+    finally:
+        if container is not None:
+            client.api.remove_container(container, force=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(BUFFER):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _throttled(progress: Progress, total: int) -> Callable[[int], None]:
+    last = [0.0]
+
+    def report(done: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.5:
+            last[0] = now
+            share = f" of ~{total / 1e6:.0f} MB" if total else ""
+            progress(f"exported {done / 1e6:.0f} MB{share}")
+    return report
+
+
+def export_template(engine, image: str, out: Path, *, compression: str | None = None,
+                    init: str = "auto", command: tuple[str, ...] | None = None,
+                    progress: Progress = lambda _: None) -> TemplateReport:
+    """The image as a Proxmox LXC rootfs template at out (zstd unless its suffix says gz or xz)."""
+    started = time.monotonic()
+    out = Path(out)
+    compression = compression_for(out, compression)
+    compressor_command(compression)  # missing tools fail before the engine is asked for anything
+    config = image_config(engine, image)
+    epoch = int(os.environ.get("SOURCE_DATE_EPOCH") or config.created)
+    plan = TemplatePlan(init=init, command=config.command if command is None else tuple(command),
+                        workdir=config.workdir, env=config.env, epoch=epoch)
+    info = engine.inspect(config.id)
+    progress(f"exporting {image} ({config.id[7:19]}) to {out} ({compression})")
+    with atomic_output(out) as temp:
+        with rootfs_stream(engine, config.id) as stream:
+            summary = compress_to(temp, compression, lambda sink: filter_rootfs(
+                stream, sink, plan, _throttled(progress, info.size if info else 0)))
+        if config.user not in ("", "root", "0", "0:0") and summary.init == "shim":
+            summary.warnings.append(f"the image's USER {config.user} is not applied: the shim runs "
+                                    "its command as root")
+        size, digest = temp.stat().st_size, _sha256(temp)
+    return TemplateReport(image, config.id, str(out), "lxc-rootfs", compression, size, digest,
+                          time.monotonic() - started, summary)
+
+
+def export_oci(engine, image: str, out: Path, *, progress: Progress = lambda _: None) -> TemplateReport:
+    """An uncompressed OCI archive (Proxmox 9.1+): imagebuild.oci's layout tarred, or skopeo's."""
+    started = time.monotonic()
+    out = Path(out)
+    if not out.name.endswith(".tar"):
+        raise TemplateError(f"{out.name}: Proxmox takes an OCI archive only as a .tar")
+    config = image_config(engine, image)
+    try:
+        from imagebuild.oci import REPRO_EPOCH, export_layout
+    except ImportError:
+        export_layout = None
+    with atomic_output(out) as temp:
+        if export_layout is not None:
+            tool = "imagebuild.oci"
+            progress(f"writing {image} as an OCI layout (imagebuild.oci), then {out}")
+            with tempfile.TemporaryDirectory(prefix=".oci-", dir=out.parent) as scratch:
+                layout = Path(scratch) / "layout"
+                export_layout(engine, config.id, layout, epoch=REPRO_EPOCH)
+                _tar_folder(layout, temp, REPRO_EPOCH)
+        else:
+            tool = "skopeo"
+            if shutil.which("skopeo") is None:
+                raise ToolMissing("--oci needs skopeo: `apt-get install -y skopeo`")
+            progress(f"skopeo copy docker-daemon:{image} oci-archive:{out}")
+            temp.unlink()
+            proc = subprocess.run(["skopeo", "copy", "--quiet", f"docker-daemon:{image}",
+                                   f"oci-archive:{temp}"], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise TemplateError(f"skopeo copy failed: {proc.stderr.strip()}")
+        size, digest = temp.stat().st_size, _sha256(temp)
+    return TemplateReport(image, config.id, str(out), "oci-archive", None, size, digest,
+                          time.monotonic() - started, None, tool)
+
+
+def _tar_folder(folder: Path, path: Path, epoch: int) -> None:
+    """Names as pve-container looks for them (`oci-layout`, `index.json`, `blobs/...`), sorted."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for root, dirs, files in os.walk(folder):
+            dirs.sort()
+            for name in sorted(dirs) + sorted(files):
+                full = Path(root) / name
+                info = tar.gettarinfo(str(full), arcname=str(full.relative_to(folder)))
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mtime = min(int(info.mtime), epoch)
+                if info.isreg():
+                    with open(full, "rb") as handle:
+                        tar.addfile(info, handle)
+                else:
+                    tar.addfile(info)
+
+
+# ---------------------------------------------------------------- GPU passthrough
+
+NVIDIA_MAJOR = 195  # nvidia0..N, nvidiactl (255) and nvidia-modeset (254); fixed by the driver
+CONTROL_DEVICES = (("nvidiactl", "file"), ("nvidia-uvm", "file"), ("nvidia-uvm-tools", "file"),
+                   ("nvidia-modeset", "file"), ("nvidia-caps", "dir"))
+
+
+@dataclass
+class GpuPassthrough:
+    gpus: tuple[int, ...]
+    uvm_major: int
+    caps_major: int | None
+    lines: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_proc_devices(text) -> dict[str, int]:
+    """Character devices in /proc/devices as name -> major; anything unreadable is skipped."""
+    devices: dict[str, int] = {}
+    section = None
+    for line in str(text).splitlines():
+        stripped = line.strip()
+        if stripped.endswith("devices:"):
+            section = stripped.split()[0].lower()
+            continue
+        fields = stripped.split(None, 1)
+        if section == "character" and len(fields) == 2 and fields[0].isascii() and fields[0].isdigit():
+            devices.setdefault(fields[1].strip(), int(fields[0]))
+    return devices
+
+
+def parse_gpus(spec: str) -> tuple[int, ...] | None:
+    """`all` -> None; `0,1` -> (0, 1)."""
+    if spec.strip() == "all":
+        return None
+    try:
+        gpus = tuple(int(part) for part in spec.split(","))
+    except ValueError:
+        raise NoGpuDevices(f"--gpus {spec!r}: give `all` or GPU numbers like 0,1") from None
+    if not gpus or any(gpu < 0 for gpu in gpus) or len(set(gpus)) != len(gpus):
+        raise NoGpuDevices(f"--gpus {spec!r}: give `all` or distinct GPU numbers like 0,1")
+    return gpus
+
+
+def gpu_passthrough(spec: str = "all", root: Path = Path("/")) -> GpuPassthrough:
+    """Container config lines passing the host's NVIDIA devices through, read from root/proc/devices
+    and root/dev (the nvidia-uvm major differs from host to host)."""
+    root = Path(root)
+    try:
+        devices = parse_proc_devices((root / "proc/devices").read_text(errors="replace"))
+    except OSError as err:
+        raise NoGpuDevices(f"cannot read {root / 'proc/devices'}: {err.strerror}") from None
+    if "nvidia-uvm" not in devices:
+        raise NoGpuDevices(f"{root / 'proc/devices'} lists no nvidia-uvm: load the driver's modules "
+                           "on the host (`modprobe nvidia-uvm`, or run nvidia-smi once)")
+    present = sorted(int(p.name[6:]) for p in (root / "dev").glob("nvidia[0-9]*") if p.name[6:].isdigit())
+    wanted = parse_gpus(spec)
+    if wanted is None:
+        if not present:
+            raise NoGpuDevices(f"no {root / 'dev'}/nvidiaN: is the NVIDIA driver loaded on this host?")
+        wanted = tuple(present)
+    missing = [gpu for gpu in wanted if gpu not in present]
+    if missing:
+        raise NoGpuDevices(f"no {', '.join(f'/dev/nvidia{g}' for g in missing)} on this host (it has "
+                           f"{', '.join(f'nvidia{g}' for g in present) or 'none'})")
+    warnings = []
+    if not any(devices.get(name) == NVIDIA_MAJOR for name in ("nvidia", "nvidia-frontend", "nvidiactl")):
+        warnings.append(f"{root / 'proc/devices'} shows no NVIDIA driver on major {NVIDIA_MAJOR}")
+    uvm, caps = devices["nvidia-uvm"], devices.get("nvidia-caps")
+    lines = [f"lxc.cgroup2.devices.allow: c {NVIDIA_MAJOR}:* rwm",
+             f"lxc.cgroup2.devices.allow: c {uvm}:* rwm"]
+    if caps is not None:
+        lines.append(f"lxc.cgroup2.devices.allow: c {caps}:* rwm")
+    nodes = [(f"nvidia{gpu}", "file") for gpu in wanted] + list(CONTROL_DEVICES)
+    for node, kind in nodes:
+        lines.append(f"lxc.mount.entry: /dev/{node} dev/{node} none bind,optional,create={kind}")
+        if not (root / "dev" / node).exists():
+            warnings.append(f"/dev/{node} does not exist on this host yet; the entry is optional"
+                            + (" (nvidia-modprobe -u -c=0 creates nvidia-uvm)" if "uvm" in node else ""))
+    return GpuPassthrough(tuple(wanted), uvm, caps, tuple(lines), tuple(warnings))
+
+
+def image_driver_libraries(engine, image: str) -> list[str]:
+    """Paths of libcuda.so* in the image that would shadow the host's driver (stubs aside)."""
+    config = image_config(engine, image)
+    found = []
+    with rootfs_stream(engine, config.id) as stream:
+        reading = _Reading(stream)
+        for member in reading.members():
+            name = _clean(member.name)
+            if not member.isdir() and is_driver_library(name, config.env):
+                found.append("/" + name)
+            _skip(reading, member)
+    return sorted(found)
