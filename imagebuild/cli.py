@@ -21,7 +21,7 @@ from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildEr
 
 # Command groups that live beside their stage: each module's add_commands(command) adds subparsers
 # whose defaults carry handler=fn(args, out, err) -> exit code.
-EXTENSIONS: tuple[str, ...] = ()
+EXTENSIONS: tuple[str, ...] = ("imagebuild.cli_publish",)
 
 _STEP = re.compile(r"^#\d+ \[[^\]]*\] ")
 
@@ -64,6 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     cmd = command("smoke", "re-run the in-image smoke test of a built image")
     cmd.add_argument("image")
     cmd.add_argument("--engine", default="docker", choices=["docker"])
+
+    cmd = command("patches", "check that a recipe's patches apply to the locked or another release")
+    cmd.add_argument("recipe", type=Path)
+    cmd.add_argument("--version", action="append", default=[], metavar="PACKAGE==VERSION",
+                     help="check against this release instead of the locked one (repeatable)")
+    cmd.add_argument("--latest", action="store_true", help="check against the newest release")
 
     for module in EXTENSIONS:
         importlib.import_module(module).add_commands(command)
@@ -147,6 +153,21 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             out.print(f"build context written to {path} (Dockerfile: {path / 'Dockerfile'})",
                       highlight=False)
         return EXIT_OK
+
+    if args.command == "patches":
+        from imagebuild.patches import check_patches, parse_pins
+        with progress.spinning("downloading the releases to check"):
+            results = check_patches(args.recipe, versions=parse_pins(args.version), latest=args.latest)
+        if args.json:
+            out.print_json(data={"ok": all(r.applies for r in results),
+                                 "patches": [r.to_dict() for r in results]})
+        else:
+            for r in results:
+                verdict = "[green]applies[/]" if r.applies else "[red]does not apply[/]"
+                out.print(f"{r.patch} ({r.package} {r.checked}, locked {r.locked}): {verdict}", highlight=False)
+                for problem in r.problems:
+                    out.print(f"  {problem}", style="dim", highlight=False)
+        return EXIT_OK if all(r.applies for r in results) else EXIT_FAILED
 
     from imagebuild.engine import default_engine
     engine = default_engine(args.engine)

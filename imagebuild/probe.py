@@ -523,13 +523,13 @@ except Exception as error:
 
 
 def run_python_json(code: str, *args: str, timeout: float = IMPORT_TIMEOUT_S, env=None) -> tuple:
-    """Run code with this interpreter; (its JSON answer or None, exit status, output tail)."""
+    """Run code with this interpreter; (its JSON answer or None, exit status, stderr's last 4000 chars)."""
     try:
         done = subprocess.run([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, timeout=timeout, env=env)
     except (OSError, subprocess.SubprocessError, ValueError) as error:
         return None, None, str(error)
-    tail = (done.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1][-300:]
+    tail = done.stderr.decode("utf-8", "replace").strip()[-4000:]
     for line in reversed(done.stdout.decode("utf-8", "replace").splitlines()):
         if line.startswith("{"):
             try:
@@ -539,23 +539,88 @@ def run_python_json(code: str, *args: str, timeout: float = IMPORT_TIMEOUT_S, en
     return None, done.returncode, tail
 
 
-def check_imports(expect: dict) -> dict:
+CUDA_ERROR_NO_DEVICE = 100
+
+
+def gpu_visible() -> bool:
+    return os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is not None
+
+
+def driver_symbols(package_dir: str) -> list:
+    """The CUDA driver API functions (cu*) that a package's shared libraries import."""
+    nm = shutil.which("nm")
+    symbols = set()
+    for root, _, files in os.walk(package_dir) if nm else ():
+        for name in files:
+            if ".so" in name:
+                status, output = run_command([nm, "-D", "--undefined-only", os.path.join(root, name)])
+                symbols.update(re.findall(r"\bU (cu[A-Z]\w*)", output or "") if status == 0 else ())
+    return sorted(symbols | {"cuInit", "cuDriverGetVersion", "cuDeviceGetCount"})
+
+
+def build_no_device_driver(package_dir: str, workdir: str) -> str | None:
+    """A stand-in libcuda.so.1 whose every call answers CUDA_ERROR_NO_DEVICE, built in the probe's scratch
+    folder and only put on the import's library path: what a host driver with no GPU would say. It never
+    enters the image (the container must use the host's own driver)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    folder = os.path.join(workdir, "no-device-driver")
+    os.makedirs(folder, exist_ok=True)
+    source = os.path.join(folder, "libcuda.c")
+    with open(source, "w") as handle:
+        handle.writelines(f"int {name}(void) {{ return {CUDA_ERROR_NO_DEVICE}; }}\n"
+                          for name in driver_symbols(package_dir))
+    status, _ = run_command([cc, "-shared", "-fPIC", "-o", os.path.join(folder, "libcuda.so.1"), source])
+    return folder if status == 0 else None
+
+
+def last_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[-1][-300:]
+
+
+def import_module(module: str, workdir: str) -> tuple:
+    """(answer or None, error tail, how): import in a fresh process; without a GPU, retry a module whose
+    native code links libcuda.so.1 directly against a no-device driver."""
+    answer, status, tail = run_python_json(_IMPORT, module)
+    if answer is not None and status == 0:
+        return answer, None, "plain"
+    top = package_dir(module.split(".")[0]) or ""
+    if "libcuda.so.1" not in tail or gpu_visible() or not top:
+        return None, last_line(tail) or f"exit {status}", "plain"
+    stub = build_no_device_driver(top, workdir)
+    if stub is None:
+        return None, last_line(tail) + " (and no C compiler to build a no-device driver stand-in)", "plain"
+    env = dict(os.environ, LD_LIBRARY_PATH=stub + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
+    answer, status, tail = run_python_json(_IMPORT, module, env=env)
+    if answer is not None and status == 0:
+        return answer, None, "no-device driver"
+    return None, last_line(tail) or f"exit {status}", "no-device driver"
+
+
+def check_imports(expect: dict, workdir: str | None = None) -> dict:
     modules = expect.get("imports") or []
     if not modules:
         return make_check("imports", SKIP, "the recipe asks for no import checks")
-    imported, failed = {}, {}
-    for module in modules:
-        answer, status, tail = run_python_json(_IMPORT, module)
-        if answer is None or status != 0:
-            failed[module] = tail or f"exit {status}"
-        else:
-            imported[module] = answer
+    imported, failed, stubbed = {}, {}, []
+    with tempfile.TemporaryDirectory(prefix="probe-imports-", dir=workdir) as scratch:
+        for module in modules:
+            answer, error, how = import_module(module, scratch)
+            if answer is None:
+                failed[module] = error
+            else:
+                imported[module] = answer
+            if how == "no-device driver":
+                stubbed.append(module)
     if failed:
         return make_check("imports", FAIL, "; ".join(f"{m}: {e}" for m, e in failed.items()),
-                          imported=imported, failed=failed)
+                          imported=imported, failed=failed, no_device_driver=stubbed)
     summary = ", ".join(f"{m} {a['version'] or ''} ({a['seconds']} s)".replace("  ", " ")
                         for m, a in imported.items())
-    return make_check("imports", PASS, f"imported without a GPU: {summary}", imported=imported)
+    note = (f"; {', '.join(stubbed)} links libcuda.so.1 and was imported against a no-device driver "
+            "stand-in (no GPU here)") if stubbed else ""
+    return make_check("imports", PASS, f"imported without a GPU: {summary}{note}", imported=imported,
+                      no_device_driver=stubbed)
 
 
 def check_torch_cuda(expect: dict) -> dict:
@@ -564,7 +629,7 @@ def check_torch_cuda(expect: dict) -> dict:
         return make_check("torch-cuda", SKIP, "no torch in the lock")
     answer, status, tail = run_python_json(_TORCH_CUDA)
     if answer is None:
-        return make_check("torch-cuda", FAIL, f"torch did not import: {tail}")
+        return make_check("torch-cuda", FAIL, f"torch did not import: {last_line(tail)}")
     if major_minor(answer.get("cuda")) != major_minor(wanted):
         return make_check("torch-cuda", FAIL, f"torch {answer.get('torch')} is built for CUDA "
                           f"{answer.get('cuda')}, the recipe's toolkit is {wanted}", **answer)
@@ -578,7 +643,7 @@ def check_flashinfer_dynamo(expect: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "FLASHINFER_CUDA_VERSION"}
     answer, status, tail = run_python_json(_DYNAMO, env=env)
     if answer is None:
-        return make_check(name, FAIL, f"the Dynamo probe did not run: {tail}")
+        return make_check(name, FAIL, f"the Dynamo probe did not run: {last_line(tail)}")
     if not answer.get("ok"):
         return make_check(name, FAIL, "torch.compile(fullgraph=True) of a function calling FlashInfer's "
                           f"get_cuda_version() failed: {answer.get('error')}", **answer)
@@ -625,7 +690,7 @@ def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = Fal
         ("cuda-toolchain", lambda: check_cuda_toolchain(expect)),
         ("cuda-home", lambda: check_cuda_home(expect)),
         ("deep-gemm-sm120", lambda: check_deep_gemm_sm120(expect, workdir, skip_compile)),
-        ("imports", lambda: check_imports(expect)),
+        ("imports", lambda: check_imports(expect, workdir)),
         ("torch-cuda", lambda: check_torch_cuda(expect)),
         ("flashinfer-dynamo", lambda: check_flashinfer_dynamo(expect)),
         ("gpu", check_gpu),

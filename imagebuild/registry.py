@@ -403,12 +403,17 @@ class _Pusher:
                 if not closing and response.status_code == 202:
                     location = response.headers.get("Location") or location
                     held = parse_upload_range(response.headers.get("Range"))
-                    offset, failures = (end if held is None else held), 0
-                    continue
-                if response.status_code not in RETRY_STATUS | {404, 416}:
+                    moved_on = (end if held is None else held) > offset
+                    offset = end if held is None else held
+                    failures = 0 if moved_on else failures + 1
+                    if failures <= self.client.retries:
+                        continue
+                    problem = "the registry took a chunk but kept none of it"
+                elif response.status_code not in RETRY_STATUS | {404, 416}:
                     raise RegistryError(f"{self.client.registry} refused blob {blob.digest} "
                                         f"({describe(response)})")
-                problem = f"HTTP {response.status_code}"
+                else:
+                    problem = f"HTTP {response.status_code}"
             failures += 1
             if failures > self.client.retries:
                 raise RegistryError(f"uploading blob {blob.digest} to {self.client.registry} failed "

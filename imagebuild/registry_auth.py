@@ -81,13 +81,13 @@ class Challenge:
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _QUOTED = r'"(?:[^"\\]|\\.)*"?'
 _SCHEME = re.compile(rf"[\s,]*({_TOKEN})")
-_PARAM = re.compile(rf"[\s,]*({_TOKEN})[ \t]*=[ \t]*({_QUOTED}|{_TOKEN})?")
+_PARAM = re.compile(rf"[\s,]*({_TOKEN})[ \t]*=[ \t]*({_QUOTED}|{_TOKEN})?", re.DOTALL)
 
 
 def _unquote(value: str) -> str:
     if value.startswith('"'):
         value = value[1:-1] if len(value) > 1 and value.endswith('"') else value[1:]
-        return re.sub(r"\\(.)", r"\1", value)
+        return re.sub(r"\\(.)", r"\1", value, flags=re.DOTALL)
     return value
 
 
@@ -373,8 +373,8 @@ class RegistryClient:
 
     def _send(self, method: str, url: str, body, headers: dict | None) -> requests.Response:
         headers = dict(headers or {})
-        if self._authorization:
-            headers["Authorization"] = self._authorization
+        if self._authorization and urlsplit(url).netloc == urlsplit(self.base).netloc:
+            headers["Authorization"] = self._authorization  # never to an upload URL elsewhere
         data = body() if callable(body) else body
         return self.session.request(method, url, data=data, headers=headers, timeout=self.timeout,
                                     allow_redirects=method in ("GET", "HEAD"))
@@ -417,8 +417,8 @@ class RegistryClient:
     def _rejected(self) -> AuthFailed:
         if self.credentials.anonymous:
             return AuthFailed(f"{self.registry} needs credentials to push: {login_hint(self.registry)}")
-        return AuthFailed(f"{self.registry} rejected the credentials of {self._who()}: "
-                          f"{login_hint(self.registry)}")
+        return AuthFailed(f"{self.registry} rejected the credentials of {self._who()} (wrong, or "
+                          f"without the right to push there): {login_hint(self.registry)}")
 
     def _answer(self, response: requests.Response) -> None:
         """Turn a 401's challenge into an Authorization header, or raise AuthFailed."""
@@ -464,6 +464,9 @@ class RegistryClient:
             response = self._send("GET", self.url("/v2/"), None, None)
         except RETRY_ERRORS as err:
             raise self.unreachable(err) from None
+        if response.status_code == 400 and "HTTPS server" in response.text:
+            raise RegistryUnreachable(f"{self.registry} speaks TLS, not plain HTTP: drop "
+                                      f"--insecure-http (and give its CA with --ca-cert if needed)")
         if response.status_code == 401:
             self._answer(response)
             response = self.request("GET", "/v2/")

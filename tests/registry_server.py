@@ -35,8 +35,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(*command: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(command, check=True, capture_output=True, text=True, **kwargs)
+def run(*command: str, text: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    """Run a tool; a failure shows its stderr."""
+    proc = subprocess.run(command, capture_output=True, text=text, check=False, **kwargs)
+    if proc.returncode != 0:
+        stderr = proc.stderr if text else proc.stderr.decode(errors="replace")
+        raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}: {stderr[-2000:]}")
+    return proc
 
 
 # ---------------------------------------------------------------- certificates
@@ -130,7 +135,7 @@ class TokenService:
         claims = {"iss": self.issuer, "sub": user, "aud": self.service, "exp": now + 300,
                   "nbf": now - 10, "iat": now, "jti": uuid.uuid4().hex, "access": access}
         header = {"typ": "JWT", "alg": "RS256", "x5c": [self.x5c]}
-        b64 = lambda d: base64.urlsafe_b64encode(d).rstrip(b"=").decode()  # noqa: E731
+        b64 = lambda d: base64.urlsafe_b64encode(d).rstrip(b"=").decode()
         signing_input = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(claims).encode())}"
         signature = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(self.key)],
                                    input=signing_input.encode(), check=True,
