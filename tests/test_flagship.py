@@ -1,0 +1,128 @@
+"""The flagship, recipes/sglang-blackwell.toml: its lock is free of the toolchain skew an unpinned
+resolve drags in, its patch still applies, and (slow) the image builds and passes smoke tiers 1-3,
+while the same image without the FlashInfer patch demonstrably fails tier 2."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from imagebuild import compat, pipeline
+from imagebuild.errors import FindingsFailed
+from imagebuild.lock import read_lock
+from imagebuild.patches import check_patches
+from imagebuild.recipe import load_recipe
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = REPO / "recipes" / "sglang-blackwell.toml"
+TOOLCHAIN = ("nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-nvvm",
+             "nvidia-nvjitlink", "nvidia-cuda-nvrtc")
+
+
+def test_flagship_lock_keeps_the_toolchain_on_torchs_cuda():
+    lock = read_lock(REPO / "lockfiles" / "sglang-blackwell.lock")
+    packages = lock.packages
+    assert packages["sglang"] == "0.5.23" and packages["torch"].startswith("2.14.")
+    assert compat.torch_cuda(packages["torch"]) == load_recipe(RECIPE).cuda.toolkit
+    for name in TOOLCHAIN:
+        assert packages[name].startswith("13.0."), (name, packages[name])
+    assert not compat.has_errors(compat.check_resolved(load_recipe(RECIPE), packages, lock.base.glibc))
+    assert "nvidia-cutlass-dsl-libs-cu12" not in packages  # a CUDA 12 build the stack cannot use
+    layers = {w.name: w.layer for w in lock.wheels}
+    assert layers["torch"] == layers["nvidia-cublas"] == "framework"
+    assert layers["flashinfer-python"] == layers["sglang-kernel"] == "kernels"
+    assert layers["sglang"] == "application"
+
+
+UNPINNED = """\
+[image]
+name = "imagebuild-test/sglang-unpinned"
+
+[base]
+debian = "bookworm"
+packages = ["g++"]
+
+[python]
+requirements = ["sglang==0.5.23"]
+exclude_newer = "2026-11-20T00:00:00Z"
+
+[cuda]
+toolkit = "13.0"
+archs = ["sm_120a"]
+min_driver = "595.71.05"
+"""
+
+
+def test_an_unpinned_sglang_resolve_is_refused_for_its_nvcc_skew(write_recipe):
+    """What users hit: sglang alone drags nvidia-cuda-nvcc 13.5 beside torch's 13.0 runtime."""
+    with pytest.raises(FindingsFailed) as refused:
+        pipeline.lock(write_recipe(UNPINNED, "unpinned"))
+    skew = {f.message.split()[0]: f for f in refused.value.findings if f.rule == "toolchain-skew"}
+    assert "13.5" in skew["nvidia-cuda-nvcc"].evidence
+    assert "nvidia-cuda-nvcc==13.0.*" in skew["nvidia-cuda-nvcc"].fix
+    assert not (Path(write_recipe(UNPINNED, "unpinned")).parent.parent / "lockfiles" / "unpinned.lock").exists()
+
+
+def test_even_with_torchs_toolkit_pinned_nvjitlink_skews_without_the_recipes_constraints(write_recipe):
+    text = re.sub(r"constraints = \[.*?\]\n", "", RECIPE.read_text(), flags=re.S)
+    text = text.replace('file = "patches/', f'file = "{REPO}/recipes/patches/')
+    with pytest.raises(FindingsFailed) as refused:
+        pipeline.lock(write_recipe(text, "no-constraints"))
+    (skew,) = [f for f in refused.value.findings if f.rule == "toolchain-skew"]
+    assert skew.message.startswith("nvidia-nvjitlink 13.5") and "nvidia-nvjitlink==13.0.*" in skew.fix
+
+
+def test_the_flashinfer_patch_applies_to_the_locked_release_and_not_to_an_old_one():
+    (locked,) = check_patches(RECIPE)
+    assert locked.applies and locked.checked == locked.locked == "0.7.2"
+    (old,) = check_patches(RECIPE, versions={"flashinfer-python": "0.6.0"})
+    assert not old.applies and "flashinfer/jit/cpp_ext.py: hunk 1 of 1" in old.problems[0]
+
+
+# ---------------------------------------------------------------- slow: the 10 GB image
+
+TIERS = ("interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm120", "imports", "torch-cuda",
+         "flashinfer-dynamo")
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine):
+    report = pipeline.build(RECIPE, engine)
+    try:
+        assert report.smoke.ok
+        checks = {c["name"]: c for c in report.smoke.report["checks"]}
+        assert {name: checks[name]["status"] for name in TIERS} == dict.fromkeys(TIERS, "pass")
+        imported = checks["imports"]["evidence"]["imported"]
+        assert imported["sglang"]["version"] == "0.5.23" and imported["torch"]["version"].endswith("+cu130")
+        kernels = {k["kernel"]: k for k in checks["deep-gemm-sm120"]["evidence"]["kernels"]}
+        assert set(kernels) == {"sm120_bf16_gemm_impl", "sm120_fp8_fp4_gemm_1d1d_impl"}
+        assert all(k["elf"]["arch"] == 120 and k["elf"]["machine"] == 190 for k in kernels.values())
+        # The patch is on record in the image: its labels and the installed distribution.
+        info = engine.inspect(report.image)
+        lock = read_lock(REPO / "lockfiles" / "sglang-blackwell.lock")
+        assert info.labels["io.imagebuild.patches"] == f"flashinfer-python:{lock.patches[0].sha256}"
+    finally:
+        engine.remove(report.image)
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_without_the_patch_the_dynamo_tier_fails(engine, write_recipe):
+    """Tier 2 can fail: the same stack with FlashInfer unpatched breaks under torch.compile(fullgraph)."""
+    text = re.sub(r"\[\[patches\]\]\n.*?\n\n", "", RECIPE.read_text(), flags=re.S)
+    name = f"imagebuild-test/sglang-unpatched-{os.getpid()}"
+    text = text.replace('name = "imagebuild/sglang-blackwell"', f'name = "{name}"')
+    recipe = write_recipe(text, "sglang-unpatched")
+    report = pipeline.build(recipe, engine, run_smoke=False)
+    try:
+        smoke = pipeline.smoke(report.image, engine)
+        checks = {c["name"]: c for c in smoke.report["checks"]}
+        assert checks["flashinfer-dynamo"]["status"] == "fail"
+        assert "get_cuda_version" in checks["flashinfer-dynamo"]["detail"]
+        assert checks["torch-cuda"]["status"] == "pass" and not smoke.ok
+    finally:
+        engine.remove(report.image)
