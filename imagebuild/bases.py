@@ -177,8 +177,25 @@ def _major_minor(debian_version: str) -> str:
 
 
 def debian_identity(base: DebianBase, progress: Progress = lambda _: None) -> BaseIdentity:
-    """Bootstrap (or reuse) the rootfs and describe it; python and glibc come from its real packages."""
+    """Bootstrap (or reuse) the rootfs and describe it; python and glibc come from its real packages.
+
+    The description is cached beside the tar, keyed by the tar's size and mtime: hashing and scanning
+    half a gigabyte on every lock would cost more than the resolve itself."""
     tar = bootstrap(base, progress)
+    stamp = tar.stat()
+    cached = tar.with_suffix(".identity.json")
+    try:
+        saved = json.loads(cached.read_text())
+        if saved.pop("stamp") == [stamp.st_size, stamp.st_mtime_ns]:
+            return BaseIdentity.from_dict(saved)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # no usable cache: describe the tar afresh
+    identity = _describe(base, tar)
+    cached.write_text(json.dumps({**identity.to_dict(), "stamp": [stamp.st_size, stamp.st_mtime_ns]}))
+    return identity
+
+
+def _describe(base: DebianBase, tar: Path) -> BaseIdentity:
     packages = read_dpkg_status(tar)
     for required in ("libc6", "python3"):
         if required not in packages:

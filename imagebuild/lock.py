@@ -144,8 +144,15 @@ def uv_binary() -> str:
 
 
 def uv_version(uv: str) -> str:
+    """`uv 0.13.9`: from the installed uv package when that is the binary in use (no extra process)."""
+    if Path(uv).parent == Path(sys.executable).parent:
+        try:
+            from importlib.metadata import version
+            return f"uv {version('uv')}"
+        except Exception:  # not installed as a package here: ask the binary
+            pass
     out = subprocess.run([uv, "--version"], capture_output=True, text=True, check=False)
-    return out.stdout.strip() or "uv (unknown version)"
+    return " ".join(out.stdout.split()[:2]) or "uv (unknown version)"
 
 
 def compile_command(recipe: Recipe, base: BaseIdentity, workdir: Path, uv: str) -> list[str]:
