@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Callable
 
 from imagebuild import compat
-from imagebuild.bases import BaseIdentity, cache_dir, ensure_base_image, identify
+from imagebuild.bases import cache_dir, ensure_base_image, identify
 from imagebuild.engine import Engine
-from imagebuild.errors import FindingsFailed, LockError, SmokeFailed
+from imagebuild.errors import FindingsFailed, SmokeFailed
 from imagebuild.lock import (Lock, default_lock_path, ensure_fresh, read_lock, resolve_lock,
-                             stale_reasons, uv_binary, write_lock)
+                             uv_binary, write_lock)
 from imagebuild.recipe import DebianBase, Recipe, load_recipe
 from imagebuild.render import render_context
 

@@ -18,7 +18,7 @@ from imagebuild.lock import LockedPatch, LockedWheel, parse_pylock
 from imagebuild.layers import LayerPlan
 from imagebuild.recipe import CudaSpec, DebianBase, Patch, PythonSpec, Recipe
 from imagebuild.render import docker_quote, render_context, render_dockerfile, render_values
-from tests.test_lock import BOOKWORM, FIXTURES, _lock
+from tests.test_lock import FIXTURES, _lock
 
 GOLDEN = Path(__file__).parent / "golden"
 PLAN = LayerPlan(overrides={}, application=frozenset({"sgl-deep-gemm"}))
