@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imagebuild import compat
+from imagebuild import facts
 from imagebuild.compat import (
     Finding,
     SuiteFacts,
@@ -63,13 +63,13 @@ def recipe(*, toolkit="13.0", archs=("sm_120a",), min_driver="595.71.05", suite=
 # --- the data file ----------------------------------------------------------------------------
 
 def test_every_fact_has_a_source_and_a_basis():
-    raw = tomllib.loads(compat.DATA_FILE.read_text())
+    raw = tomllib.loads(facts.DATA_FILE.read_text())
     entries = [raw["glibc_nvcc"]] + [e for value in raw.values() if isinstance(value, list)
                                       for e in value]
     assert len(entries) > 30
     for entry in entries:
         assert isinstance(entry.get("source"), str) and entry["source"].strip(), entry
-        assert entry.get("basis") in compat.BASES, entry
+        assert entry.get("basis") in facts.BASES, entry
 
 
 def test_facts_load_once_and_cover_the_brief():
@@ -116,7 +116,7 @@ def test_a_malformed_data_file_is_a_clear_error(tmp_path, text, problem):
     ('[glibc_nvcc]', '[glibc_nvcc_gone]', "[glibc_nvcc]: missing"),
 ])
 def test_a_bad_value_in_the_real_file_names_its_entry(tmp_path, old, new, problem):
-    text = compat.DATA_FILE.read_text()
+    text = facts.DATA_FILE.read_text()
     assert old in text
     path = tmp_path / "compat.toml"
     path.write_text(text.replace(old, new, 1))
