@@ -21,7 +21,7 @@ from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildEr
 
 # Command groups that live beside their stage: each module's add_commands(command) adds subparsers
 # whose defaults carry handler=fn(args, out, err) -> exit code.
-EXTENSIONS: tuple[str, ...] = ("imagebuild.cli_publish",)
+EXTENSIONS: tuple[str, ...] = ("imagebuild.cli_publish", "imagebuild.cli_lxc")
 
 _STEP = re.compile(r"^#\d+ \[[^\]]*\] ")
 

@@ -217,8 +217,8 @@ def is_driver_library(path: str, env: Iterable[str] = ()) -> bool:
 
 def env_files(env: Iterable[str]) -> tuple[bytes, bytes, list[str]]:
     """The image's Env as /etc/profile.d/imagebuild.sh (shell) and lines for /etc/environment (pam_env)."""
-    script = ["# The image's environment (its ENV), written by imagebuild export-lxc. Login shells, "
-              "/etc/bash.bashrc and /sbin/init read it."]
+    script = ["# The image's environment (its ENV), written by imagebuild export-lxc; login shells, "
+              + "/etc/bash.bashrc and /sbin/init read it."]
     pam, skipped = ["# The image's environment, written by imagebuild export-lxc (pam_env reads it)."], []
     for item in env:
         key, _, value = item.partition("=")
@@ -431,10 +431,10 @@ def _write(out: tarfile.TarFile, member: tarfile.TarInfo, data) -> None:
         out.addfile(member, data)
     except (ValueError, UnicodeError, OverflowError) as err:
         raise UnreadableRootfs(f"{member.name[1:]}: cannot be written to a tar ({err})") from None
-    except OSError as err:
-        if err.errno is not None:  # the sink's: a compressor that stopped, a full disk
+    except OSError as err:  # tarfile's own for a short member; others (pipe, disk, socket) stay as they are
+        if type(err) is not OSError or err.errno is not None or "unexpected end" not in str(err):
             raise
-        raise UnreadableRootfs(f"the filesystem stream breaks off in {member.name[1:]} ({err})") from None
+        raise UnreadableRootfs(f"the filesystem stream breaks off in {member.name[1:]}") from None
 
 
 def _skip(reading: _Reading, member: tarfile.TarInfo) -> None:
@@ -507,7 +507,8 @@ def compression_for(path: Path, requested: str | None = None) -> str:
     """zst, gz or xz, from the name's suffix (pve-container picks tar's option by it) or --compress."""
     found = next((name for name, (suffix, _) in COMPRESSORS.items() if path.name.endswith(suffix)), None)
     if found is None:
-        suffixes = ", ".join(suffix for suffix, _ in COMPRESSORS.values())
+        *first, last = (suffix for suffix, _ in COMPRESSORS.values())
+        suffixes = f"{', '.join(first)} or {last}"
         raise TemplateError(f"{path.name}: a Proxmox template's name ends with {suffixes} "
                             "(pct picks the decompressor by it)")
     if requested and requested != found:
@@ -559,7 +560,7 @@ def compress_to(path: Path, compression: str, write: Callable[[BinaryIO], object
     with open(path, "wb") as target, tempfile.TemporaryFile() as errors:
         # Its own session: Ctrl-C reaches imagebuild, which stops it, rather than both at once.
         proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=target, stderr=errors,
-                                start_new_session=True)
+                                bufsize=BUFFER, start_new_session=True)
         try:
             result = write(proc.stdin)
             proc.stdin.close()
@@ -661,6 +662,16 @@ def _throttled(progress: Progress, total: int) -> Callable[[int], None]:
     return report
 
 
+def write_template(source: BinaryIO, out: Path, plan: TemplatePlan, compression: str = "zst",
+                   progress: Callable[[int], None] = lambda _: None) -> tuple[RootfsSummary, int, str]:
+    """A rootfs tar stream -> filter -> compressor -> out, atomically; (summary, size, sha256)."""
+    with atomic_output(out) as temp:
+        summary = compress_to(temp, compression,
+                              lambda sink: filter_rootfs(source, sink, plan, progress))
+        size, digest = temp.stat().st_size, _sha256(temp)
+    return summary, size, digest
+
+
 def export_template(engine, image: str, out: Path, *, compression: str | None = None,
                     init: str = "auto", command: tuple[str, ...] | None = None,
                     progress: Progress = lambda _: None) -> TemplateReport:
@@ -675,29 +686,35 @@ def export_template(engine, image: str, out: Path, *, compression: str | None = 
                         workdir=config.workdir, env=config.env, epoch=epoch)
     info = engine.inspect(config.id)
     progress(f"exporting {image} ({config.id[7:19]}) to {out} ({compression})")
-    with atomic_output(out) as temp:
-        with rootfs_stream(engine, config.id) as stream:
-            summary = compress_to(temp, compression, lambda sink: filter_rootfs(
-                stream, sink, plan, _throttled(progress, info.size if info else 0)))
-        if config.user not in ("", "root", "0", "0:0") and summary.init == "shim":
-            summary.warnings.append(f"the image's USER {config.user} is not applied: the shim runs "
-                                    "its command as root")
-        size, digest = temp.stat().st_size, _sha256(temp)
+    with rootfs_stream(engine, config.id) as stream:
+        summary, size, digest = write_template(stream, out, plan, compression,
+                                               _throttled(progress, info.size if info else 0))
+    if command is not None and summary.init == "image":
+        summary.warnings.append("--cmd is what imagebuild's shim runs; the image's own /sbin/init "
+                                "ignores it (use --init shim)")
+    if config.user not in ("", "root", "0", "0:0") and summary.init == "shim":
+        summary.warnings.append(f"the image's USER {config.user} is not applied: the shim runs its "
+                                "command as root")
     return TemplateReport(image, config.id, str(out), "lxc-rootfs", compression, size, digest,
                           time.monotonic() - started, summary)
 
 
-def export_oci(engine, image: str, out: Path, *, progress: Progress = lambda _: None) -> TemplateReport:
-    """An uncompressed OCI archive (Proxmox 9.1+): imagebuild.oci's layout tarred, or skopeo's."""
+def export_oci(engine, image: str, out: Path, *, writer: str = "auto",
+               progress: Progress = lambda _: None) -> TemplateReport:
+    """An uncompressed OCI archive (Proxmox 9.1+): imagebuild.oci's layout tarred (writer auto or
+    imagebuild), or skopeo's oci-archive (writer skopeo, or auto without imagebuild.oci)."""
     started = time.monotonic()
     out = Path(out)
     if not out.name.endswith(".tar"):
         raise TemplateError(f"{out.name}: Proxmox takes an OCI archive only as a .tar")
     config = image_config(engine, image)
-    try:
-        from imagebuild.oci import REPRO_EPOCH, export_layout
-    except ImportError:
-        export_layout = None
+    export_layout = None
+    if writer != "skopeo":
+        try:
+            from imagebuild.oci import REPRO_EPOCH, export_layout
+        except ImportError:
+            if writer == "imagebuild":
+                raise
     with atomic_output(out) as temp:
         if export_layout is not None:
             tool = "imagebuild.oci"

@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 # Debian packages the pipeline and its tests use: the engine and its CLI (BuildKit through Debian's
 # docker.io client), mmdebstrap for bases, and the real counterparts the tests talk to.
 APT_PACKAGES=(docker.io mmdebstrap zstd python3 python3-venv ca-certificates git
-              skopeo docker-registry apache2-utils openssl buildah umoci systemd-container)
+              skopeo docker-registry apache2-utils openssl buildah umoci systemd-container
+              xz-utils pigz)
 
 log() { printf '\033[1;36m[host]\033[0m %s\n' "$*" >&2; }
 

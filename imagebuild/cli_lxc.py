@@ -1,0 +1,121 @@
+"""`imagebuild export-lxc` and `imagebuild lxc-config`: a thin layer over imagebuild.lxc.
+
+cli.py's extension hook calls add_commands(command); each handler is fn(args, out, err) -> exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import signal
+from pathlib import Path
+
+from rich.console import Console
+
+from imagebuild import lxc
+from imagebuild.errors import EXIT_OK
+
+
+def add_commands(command) -> None:
+    cmd = command("export-lxc", "write an image as a Proxmox LXC template (rootfs .tar.zst), or "
+                  "as an OCI archive for Proxmox 9.1+ with --oci")
+    cmd.add_argument("image")
+    cmd.add_argument("-o", "--output", type=Path,
+                     help="the template's path, ending .tar.zst, .tar.gz or .tar.xz (.tar with --oci); "
+                     "default NAME_TAG_amd64.tar.zst here")
+    cmd.add_argument("--compress", choices=sorted(lxc.COMPRESSORS),
+                     help="compressor (default: from the output's suffix, else zst)")
+    cmd.add_argument("--init", choices=["auto", "shim", "image"], default="auto",
+                     help="/sbin/init of the container: the image's own, else imagebuild's shim that "
+                     "runs the image's command (auto); always the shim; the image's or fail")
+    cmd.add_argument("--cmd", metavar="COMMAND",
+                     help="what the shim runs instead of the image's ENTRYPOINT+CMD, as a shell line; "
+                     "'' idles until the container is stopped")
+    cmd.add_argument("--oci", action="store_true",
+                     help="write an uncompressed OCI archive (Proxmox 9.1+ runs its entrypoint itself)")
+    cmd.set_defaults(handler=export_lxc)
+
+    cmd = command("lxc-config", "print the Proxmox container config lines that pass NVIDIA GPUs "
+                  "through (append them to /etc/pve/lxc/ID.conf)")
+    cmd.add_argument("--gpus", default="all", help="all, or GPU numbers like 0,1 (default all)")
+    cmd.add_argument("--image", help="also check that this image carries no libcuda.so of its own")
+    cmd.add_argument("--root", type=Path, default=Path("/"),
+                     help="read proc/devices and dev/ under this folder (default /, the host)")
+    cmd.set_defaults(handler=lxc_config)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM stops an export the way Ctrl-C does: the partial file is removed on the way out."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def export_lxc(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from imagebuild.engine import default_engine
+    engine = default_engine("docker")
+    output = args.output or Path(lxc.default_name(args.image, args.compress or "zst", args.oci))
+    with err.status("exporting") as status, _sigterm_interrupts():
+        def progress(line: str) -> None:
+            if line.startswith("exported "):
+                status.update(line)
+            else:
+                err.print(f"[bold cyan]›[/] {line}", highlight=False)
+        if args.oci:
+            report = lxc.export_oci(engine, args.image, output, progress=progress)
+        else:
+            command = None if args.cmd is None else tuple(shlex.split(args.cmd))
+            report = lxc.export_template(engine, args.image, output, compression=args.compress,
+                                         init=args.init, command=command, progress=progress)
+    if args.json:
+        out.print_json(data=report.to_dict())
+        return EXIT_OK
+    rootfs = report.rootfs
+    if rootfs:
+        for warning in rootfs.warnings:
+            err.print(f"[yellow]warning[/] {warning}", highlight=False)
+        if rootfs.driver_libraries:
+            err.print(f"[yellow]warning[/] the image carries the driver library "
+                      f"{', '.join(rootfs.driver_libraries)}: it shadows the host's driver",
+                      highlight=False)
+        out.print(f"os {rootfs.os['id']} {rootfs.os['version'] or rootfs.os['version_id']}; "
+                  f"init: {'the image' + chr(39) + 's' if rootfs.init == 'image' else 'imagebuild shim'}; "
+                  f"{rootfs.members} entries; dropped {len(rootfs.dropped)} outside /dev", highlight=False)
+    kind = f"LXC template ({report.compression})" if report.format == "lxc-rootfs" else \
+        f"OCI archive (via {report.tool})"
+    out.print(f"[green]wrote[/] {report.path}  {kind}  {report.size / 1e6:.0f} MB  "
+              f"sha256 {report.sha256[:16]}…  in {report.seconds:.1f} s", highlight=False)
+    return EXIT_OK
+
+
+def lxc_config(args: argparse.Namespace, out: Console, err: Console) -> int:
+    config = lxc.gpu_passthrough(args.gpus, args.root)
+    libraries = None
+    if args.image:
+        from imagebuild.engine import default_engine
+        libraries = lxc.image_driver_libraries(default_engine("docker"), args.image)
+        if libraries:
+            raise lxc.DriverInImage(
+                f"{args.image} carries {', '.join(libraries)}: a container must use the host's own "
+                "driver library, which Proxmox's mount entries cannot replace; remove it from the image "
+                "(a link-time stub under …/stubs/ is fine)")
+    if args.json:
+        data = config.to_dict() | {"ok": True}
+        if args.image:
+            data["image"] = {"name": args.image, "driver_libraries": libraries}
+        out.print_json(data=data)
+        return EXIT_OK
+    for warning in config.warnings:
+        err.print(f"[yellow]warning[/] {warning}", highlight=False)
+    if args.image:
+        err.print(f"{args.image}: no libcuda.so of its own (the host's driver will be used)",
+                  highlight=False)
+    for line in config.lines:
+        out.print(line, highlight=False, markup=False)
+    return EXIT_OK
