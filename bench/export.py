@@ -23,10 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# Until cli.py lists imagebuild.cli_lxc in EXTENSIONS, the export runs with it appended.
-EXPORT = ("import sys, imagebuild.cli as c\n"
-          "c.EXTENSIONS += () if 'imagebuild.cli_lxc' in c.EXTENSIONS else ('imagebuild.cli_lxc',)\n"
-          "sys.exit(c.main(sys.argv[1:]))")
+EXPORT = "import sys, imagebuild.cli as c; sys.exit(c.main(sys.argv[1:]))"
 ZSTANDARD = ("import sys, zstandard\n"
              "with zstandard.ZstdCompressor(level=3, threads=-1).stream_writer(sys.stdout.buffer) as w:\n"
              "    while block := sys.stdin.buffer.read(1 << 20): w.write(block)")

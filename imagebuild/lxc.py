@@ -600,46 +600,11 @@ def image_config(engine, image: str) -> ImageConfig:
                        created=epoch)
 
 
-class _Chunks(io.RawIOBase):
-    """A file over an iterator of byte chunks (the engine API's export stream)."""
-
-    def __init__(self, chunks: Iterable[bytes]):
-        self.chunks, self.rest = iter(chunks), b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        while not self.rest:
-            self.rest = next(self.chunks, b"")
-            if not self.rest:
-                return 0
-        n = min(len(buffer), len(self.rest))
-        buffer[:n], self.rest = self.rest[:n], self.rest[n:]
-        return n
-
-
 @contextlib.contextmanager
 def rootfs_stream(engine, image_id: str) -> Iterator[BinaryIO]:
-    """The image's filesystem as one tar stream: a container is created (never started), exported
-    through the engine API, and removed. Belongs in the engine contract (engine.export_rootfs)."""
-    export = getattr(engine, "export_rootfs", None)
-    if export is not None:
-        with export(image_id) as stream:
-            yield stream
-        return
-    client = getattr(engine, "client", None)
-    if client is None:
-        raise ImagebuildError(f"the {engine.name} engine cannot export a filesystem yet")
-    container = None
-    try:
-        container = client.api.create_container(image_id, command=["/.imagebuild-export"],
-                                                labels={"io.imagebuild.role": "export-lxc"},
-                                                network_disabled=True)["Id"]
-        yield io.BufferedReader(_Chunks(client.api.export(container, chunk_size=BUFFER)), BUFFER)
-    finally:
-        if container is not None:
-            client.api.remove_container(container, force=True)
+    """The image's filesystem as one tar stream, from the engine contract."""
+    with engine.export_rootfs(image_id) as stream:
+        yield stream
 
 
 def _sha256(path: Path) -> str:

@@ -436,8 +436,6 @@ def test_proc_devices_parser_reads_character_devices_only():
 
 @pytest.fixture
 def lxc_cli(monkeypatch):
-    if "imagebuild.cli_lxc" not in cli.EXTENSIONS:
-        monkeypatch.setattr(cli, "EXTENSIONS", cli.EXTENSIONS + ("imagebuild.cli_lxc",))
     return cli.main
 
 
@@ -607,8 +605,7 @@ def unpacked(engine, toolchain, tmp_path_factory):
     need_nspawn()
     work = tmp_path_factory.mktemp("lxc")
     out = work / "toolchain.tar.zst"
-    code = ("import sys, imagebuild.cli as c; c.EXTENSIONS += ('imagebuild.cli_lxc',); "
-            "sys.exit(c.main(sys.argv[1:]))")
+    code = "import sys, imagebuild.cli as c; sys.exit(c.main(sys.argv[1:]))"
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", code, "export-lxc", toolchain, "-o", str(out),
                            "--cmd", PROBE, "--json"], capture_output=True, text=True, timeout=600)
@@ -688,8 +685,7 @@ def pipeline_smoke(engine, image: str) -> dict:
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_a_stopped_export_leaves_no_file(engine, toolchain, tmp_path, stop):
     out = tmp_path / "t.tar.zst"
-    code = ("import sys, imagebuild.cli as c; c.EXTENSIONS += ('imagebuild.cli_lxc',); "
-            "sys.exit(c.main(sys.argv[1:]))")
+    code = "import sys, imagebuild.cli as c; sys.exit(c.main(sys.argv[1:]))"
     # As from a terminal: a shell without job control (CI, background jobs) starts children with
     # SIGINT ignored, and Python keeps it so.
     proc = subprocess.Popen([sys.executable, "-c", code, "export-lxc", toolchain, "-o", str(out)],

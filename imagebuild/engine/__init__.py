@@ -8,9 +8,10 @@ imports a rootfs tar as a base. DockerEngine (engine/docker.py) is the implement
 from __future__ import annotations
 
 import abc
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
 
 Progress = Callable[[str], None]
 
@@ -64,6 +65,13 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def import_rootfs(self, tar: Path, ref: str, *, arch: str = "amd64") -> str:
         """Import a rootfs tar as a single-layer image tagged ref; return its id."""
+
+    @contextlib.contextmanager
+    def export_rootfs(self, ref: str) -> Iterator[BinaryIO]:
+        """The image's merged filesystem as one tar stream (never whole in memory)."""
+        from imagebuild.errors import ImagebuildError
+        raise ImagebuildError(f"the {self.name} engine cannot export an image's filesystem")
+        yield  # pragma: no cover
 
     def image_exists(self, ref: str) -> bool:
         return self.inspect(ref) is not None

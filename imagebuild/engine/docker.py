@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import BinaryIO, Iterable, Iterator, Mapping, Sequence
 
 import docker
 import docker.errors
@@ -30,6 +32,28 @@ def find_cli() -> str:
             return found
     raise ToolMissing("no docker CLI found: `apt-get install -y docker.io` installs Debian's, which "
                       "runs BuildKit builds (or set IMAGEBUILD_DOCKER_CLI)")
+
+
+_EXPORT_CHUNK = 1 << 20
+
+
+class _Chunks(io.RawIOBase):
+    """A file over an iterator of byte chunks (the engine API's export stream)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self.chunks, self.rest = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.rest:
+            self.rest = next(self.chunks, b"")
+            if not self.rest:
+                return 0
+        n = min(len(buffer), len(self.rest))
+        buffer[:n], self.rest = self.rest[:n], self.rest[n:]
+        return n
 
 
 def split_ref(ref: str) -> tuple[str, str]:
@@ -144,6 +168,20 @@ class DockerEngine(Engine):
             self.client.api.remove_image(ref, force=True)
         except docker.errors.ImageNotFound:
             pass
+
+    @contextlib.contextmanager
+    def export_rootfs(self, ref: str) -> Iterator[BinaryIO]:
+        """A container is created (never started), its filesystem streamed, and it is removed."""
+        container = None
+        try:
+            container = self.client.api.create_container(
+                ref, command=["/.imagebuild-export"], labels={"io.imagebuild.role": "export"},
+                network_disabled=True)["Id"]
+            chunks = self.client.api.export(container, chunk_size=_EXPORT_CHUNK)
+            yield io.BufferedReader(_Chunks(chunks), _EXPORT_CHUNK)
+        finally:
+            if container is not None:
+                self.client.api.remove_container(container, force=True)
 
     def import_rootfs(self, tar: Path, ref: str, *, arch: str = "amd64") -> str:
         self.check()

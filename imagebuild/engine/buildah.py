@@ -1,0 +1,152 @@
+"""BuildahEngine: builds with `buildah bud` (Debian's buildah 1.28), images in containers-storage.
+
+buildah runs the same Dockerfile.j2 output as BuildKit: RUN --mount=type=cache, type=bind and
+type=secret all work in 1.28. `--timestamp` sets every file's mtime and the config's dates to the
+epoch, so buildah's own layers are already close to what imagebuild.oci normalizes to. Containers
+for `run` are buildah working containers (buildah from / run / rm): no podman needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Iterator, Mapping, Sequence
+
+from imagebuild.engine import Engine, ImageInfo, Progress, RunResult
+from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
+from imagebuild.oci import REPRO_EPOCH, command_stream
+
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+def find_buildah() -> str:
+    found = shutil.which(os.environ.get("IMAGEBUILD_BUILDAH", "buildah"))
+    if found is None:
+        raise ToolMissing("buildah is not installed: `apt-get install -y buildah` (Debian's 1.28 works)")
+    return found
+
+
+def parse_size(text: str) -> int:
+    """buildah's `3.51 KB` -> bytes (decimal units, as buildah prints them)."""
+    match = re.match(r"^\s*([\d.]+)\s*([KMGT]?B)\s*$", str(text), re.IGNORECASE)
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()]) if match else 0
+
+
+class BuildahEngine(Engine):
+    name = "buildah"
+
+    def __init__(self, buildah: str | None = None, *, epoch: int = REPRO_EPOCH, layers: bool = True):
+        self._buildah = buildah
+        self.epoch = epoch
+        self.layers = layers  # keep intermediate layers as a build cache, as BuildKit does
+
+    @property
+    def buildah(self) -> str:
+        if self._buildah is None:
+            self._buildah = find_buildah()
+        return self._buildah
+
+    def _run(self, *args: str, check: bool = True, timeout: float | None = None,
+             input_: bytes | None = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run([self.buildah, *args], capture_output=True, timeout=timeout, input=input_)
+        if check and proc.returncode != 0:
+            raise BuildFailed(f"buildah {args[0]} failed (exit {proc.returncode}): "
+                              f"{proc.stderr.decode('utf-8', 'replace').strip()[-2000:]}")
+        return proc
+
+    def check(self) -> None:
+        proc = subprocess.run([self.buildah, "info"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise EngineUnavailable(f"buildah cannot reach its storage: {proc.stderr.strip()[-500:]}")
+
+    def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
+              progress: Progress = lambda _: None) -> str:
+        self.check()
+        with tempfile.TemporaryDirectory(prefix="imagebuild-iid-") as tmp:
+            iidfile = Path(tmp) / "iid"
+            command = [self.buildah, "bud", "--pull-never", "--network", "host",
+                       "--timestamp", str(self.epoch), "--iidfile", str(iidfile),
+                       f"--layers={'true' if self.layers else 'false'}"]
+            for name, path in sorted(secrets.items()):
+                command += ["--secret", f"id={name},src={path}"]
+            command.append(str(context))
+            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace")
+            tail: list[str] = []
+            for line in proc.stdout:
+                line = line.rstrip()
+                tail = (tail + [line])[-60:]
+                progress(line)
+            code = proc.wait()
+            if code != 0:
+                raise BuildFailed(f"buildah bud failed (exit {code}); no image was tagged. Last lines:\n"
+                                  + "\n".join(tail))
+            return "sha256:" + iidfile.read_text().strip().removeprefix("sha256:")
+
+    def tag(self, image_id: str, ref: str) -> None:
+        self._run("tag", image_id.removeprefix("sha256:"), ref)
+
+    def run(self, image: str, command: Sequence[str], *, network: bool = False,
+            gpus: bool = False, timeout: float = 600) -> RunResult:
+        container = self._run("from", "--pull-never", "--quiet", image.removeprefix("sha256:"))
+        name = container.stdout.decode().strip()
+        try:
+            args = [self.buildah, "run", "--network", "host" if network else "none"]
+            if gpus:
+                for device in sorted(glob.glob("/dev/nvidia*")):
+                    if not os.path.isdir(device):
+                        args += ["--device", device]
+            args += [name, "--", *command]
+            try:
+                proc = subprocess.run(args, capture_output=True, timeout=timeout)
+            except subprocess.TimeoutExpired as err:
+                return RunResult(124, (err.stdout or b"").decode("utf-8", "replace"),
+                                 (err.stderr or b"").decode("utf-8", "replace"), True)
+            return RunResult(proc.returncode, proc.stdout.decode("utf-8", "replace"),
+                             proc.stderr.decode("utf-8", "replace"))
+        finally:
+            self._run("rm", name, check=False)
+
+    def inspect(self, ref: str) -> ImageInfo | None:
+        proc = self._run("inspect", "--type", "image", ref.removeprefix("sha256:"), check=False)
+        if proc.returncode != 0:
+            return None
+        data = json.loads(proc.stdout)
+        config = data.get("OCIv1") or {}
+        run = config.get("config") or {}
+        listing = self._run("images", "--json", "--no-trunc", ref.removeprefix("sha256:"), check=False)
+        rows = json.loads(listing.stdout or b"[]") if listing.returncode == 0 else []
+        row = rows[0] if rows else {}
+        image_id = data.get("FromImageID") or row.get("id", "")
+        return ImageInfo(id="sha256:" + image_id.removeprefix("sha256:"),
+                         size=parse_size(row.get("size", "")), labels=dict(run.get("Labels") or {}),
+                         diff_ids=tuple((config.get("rootfs") or {}).get("diff_ids") or ()),
+                         tags=tuple(row.get("names") or ()), env=tuple(run.get("Env") or ()))
+
+    def remove(self, ref: str) -> None:
+        self._run("rmi", "-f", ref.removeprefix("sha256:"), check=False)
+
+    def import_rootfs(self, tar: Path, ref: str, *, arch: str = "amd64") -> str:
+        container = self._run("from", "--quiet", "scratch").stdout.decode().strip()
+        try:
+            self._run("add", "--quiet", container, str(tar), "/")
+            self._run("config", "--arch", arch, "--os", "linux", container)
+            # No --timestamp here: it would set every mtime, and the rootfs's own are already fixed.
+            out = self._run("commit", "--quiet", container, ref)
+        finally:
+            self._run("rm", container, check=False)
+        return "sha256:" + out.stdout.decode().strip().removeprefix("sha256:")
+
+    @contextlib.contextmanager
+    def save(self, image: str) -> Iterator[BinaryIO]:
+        """The image as a docker-archive stream (what `docker save` writes)."""
+        argv = [self.buildah, "push", "--quiet", image.removeprefix("sha256:"), "docker-archive:/dev/stdout"]
+        with command_stream(argv, f"buildah push {image}") as stream:
+            yield stream
