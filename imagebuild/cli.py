@@ -21,7 +21,8 @@ from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildEr
 
 # Command groups that live beside their stage: each module's add_commands(command) adds subparsers
 # whose defaults carry handler=fn(args, out, err) -> exit code.
-EXTENSIONS: tuple[str, ...] = ("imagebuild.cli_publish", "imagebuild.cli_lxc")
+EXTENSIONS: tuple[str, ...] = ("imagebuild.cli_publish", "imagebuild.cli_lxc", "imagebuild.cli_repro",
+                               "imagebuild.cli_doctor")
 
 _STEP = re.compile(r"^#\d+ \[[^\]]*\] ")
 
@@ -59,11 +60,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="keep the untagged image when the smoke test fails")
     cmd.add_argument("--ca-bundle", help="CA roots for a TLS-intercepting proxy, passed as a build "
                      "secret (default: $IMAGEBUILD_CA_BUNDLE, $SSL_CERT_FILE, Debian's bundle)")
-    cmd.add_argument("--engine", default="docker", choices=["docker"])
+    cmd.add_argument("--engine", default="docker", choices=["docker", "buildah"])
 
     cmd = command("smoke", "re-run the in-image smoke test of a built image")
     cmd.add_argument("image")
-    cmd.add_argument("--engine", default="docker", choices=["docker"])
+    cmd.add_argument("--engine", default="docker", choices=["docker", "buildah"])
 
     cmd = command("patches", "check that a recipe's patches apply to the locked or another release")
     cmd.add_argument("recipe", type=Path)

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,12 +51,12 @@ CONFIG_KEYS = ("User", "ExposedPorts", "Env", "Entrypoint", "Cmd", "Volumes", "W
                "StopSignal")
 _CHUNK = 1 << 20
 _SMALL = 16 << 20  # a saved image's JSON files are read into memory up to this size
-_TYPES = {tarfile.REGTYPE: tarfile.REGTYPE, tarfile.AREGTYPE: tarfile.REGTYPE,
+ENTRY_TYPES = {tarfile.REGTYPE: tarfile.REGTYPE, tarfile.AREGTYPE: tarfile.REGTYPE,
           tarfile.CONTTYPE: tarfile.REGTYPE, tarfile.LNKTYPE: tarfile.LNKTYPE,
           tarfile.SYMTYPE: tarfile.SYMTYPE, tarfile.DIRTYPE: tarfile.DIRTYPE,
           tarfile.CHRTYPE: tarfile.CHRTYPE, tarfile.BLKTYPE: tarfile.BLKTYPE,
           tarfile.FIFOTYPE: tarfile.FIFOTYPE}
-_TAR_ERRORS = (tarfile.TarError, EOFError, ValueError, OverflowError, UnicodeError, KeyError,
+TAR_ERRORS = (tarfile.TarError, EOFError, ValueError, OverflowError, UnicodeError, KeyError,
                IndexError, TypeError, AttributeError)
 T = TypeVar("T")
 
@@ -151,7 +152,7 @@ def clean_path(name: str) -> str:
 
 def normalize_member(info: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
     """The header as the layout writes it: only what a container sees, build time clamped."""
-    kind = _TYPES.get(info.type)
+    kind = ENTRY_TYPES.get(info.type)
     if kind is None or info.issparse():
         raise LayerError(f"{info.name!r}: tar entry type {info.type!r} is not supported in a layer")
     new = tarfile.TarInfo(clean_path(info.name))
@@ -172,7 +173,7 @@ def normalize_member(info: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
     return new
 
 
-def _sort_key(path: str) -> bytes:
+def path_sort_key(path: str) -> bytes:
     return path.encode("utf-8", "surrogateescape")
 
 
@@ -189,6 +190,8 @@ def index_layer(raw: BinaryIO, epoch: int) -> list[tuple[tarfile.TarInfo, int]]:
         while (info := tar.next()) is not None:
             tar.members.clear()  # keep only the compact index below
             member = normalize_member(info, epoch)
+            if member.name == ".":
+                continue  # only imported rootfs tars carry `./`; the runtime gives / its own mode
             if member.type == tarfile.REGTYPE and info.offset_data + info.size > size:
                 raise LayerError(f"{member.name!r}: its data runs past the end of the layer "
                                  f"({info.offset_data + info.size} > {size} bytes): the tar is truncated")
@@ -197,7 +200,7 @@ def index_layer(raw: BinaryIO, epoch: int) -> list[tuple[tarfile.TarInfo, int]]:
         _check_tail(raw, tar.offset, size)
     except LayerError:
         raise
-    except _TAR_ERRORS as err:
+    except TAR_ERRORS as err:
         raise LayerError(f"not a readable layer tar: {type(err).__name__}: {err}") from None
     return _relink(entries)
 
@@ -223,16 +226,13 @@ def _relink(entries: dict[str, tuple[tarfile.TarInfo, int]]) -> list[tuple[tarfi
         source, offset = entries[target]
         if source.type != tarfile.REGTYPE:
             continue
-        first, *rest = sorted([target, *links], key=_sort_key)
-        if first != target:
-            carrier = _copy(source, name=first)
-            entries[first] = (carrier, offset)
-            rest = [target if n == first else n for n in [target, *links] if n != first]
+        first, *rest = sorted([target, *links], key=path_sort_key)
+        entries[first] = (_copy(source, name=first), offset)  # the data rides on the first path
         for name in rest:
             link = _copy(source, name=name)
             link.type, link.size, link.linkname = tarfile.LNKTYPE, 0, first
             entries[name] = (link, 0)
-    return [entries[name] for name in sorted(entries, key=_sort_key)]
+    return [entries[name] for name in sorted(entries, key=path_sort_key)]
 
 
 def _copy(info: tarfile.TarInfo, *, name: str) -> tarfile.TarInfo:
@@ -260,10 +260,10 @@ def write_normalized(raw: BinaryIO, index: list[tuple[tarfile.TarInfo, int]], ou
 
 def normalize_layer(raw: BinaryIO, blob_dir: Path, *, epoch: int) -> LayerBlob:
     """A seekable layer tar (plain or gzip) -> a normalized gzip blob in blob_dir/sha256/."""
-    with _plain(raw, blob_dir) as plain:
+    blobs = blob_dir / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    with _plain(raw, blobs) as plain:
         index = index_layer(plain, epoch)
-        blobs = blob_dir / "sha256"
-        blobs.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".layer-", dir=blobs)
         try:
             with os.fdopen(fd, "wb") as handle:
@@ -321,14 +321,14 @@ def read_saved(stream: BinaryIO, on_layer: Callable[[str, IO[bytes]], T]) -> Sav
                 name = clean_path(member.name)
                 handle = tar.extractfile(member)
                 head = handle.read(1) if member.size else b""
-                # docker ≤ 24 writes <id>/layer.tar; newer engines an OCI blobs/ tree beside manifest.json
-                if name.endswith("layer.tar") or (name.startswith("blobs/") and head != b"{"):
+                # docker ≤ 24: <id>/layer.tar; buildah: <diff_id>.tar; docker ≥ 25: an OCI blobs/ tree
+                if name.endswith(".tar") or (name.startswith("blobs/") and head != b"{"):
                     results[name] = on_layer(name, _Prefixed(head, handle))
                 elif member.size <= _SMALL:
                     small[name] = head + handle.read()
     except (LayoutError, LayerError):
         raise
-    except _TAR_ERRORS as err:
+    except TAR_ERRORS as err:
         raise LayoutError(f"not a readable saved image: {type(err).__name__}: {err}") from None
     manifest = _json(small.get("manifest.json"), "manifest.json")
     if not isinstance(manifest, list) or len(manifest) != 1 or not isinstance(manifest[0], dict):
@@ -383,25 +383,51 @@ def saved_image(engine, image: str) -> Iterator[BinaryIO]:
     """The engine's image as a `docker save` stream: engine.save when it has one, else its CLI."""
     save = getattr(engine, "save", None)
     if save is not None:
-        with save(image) as stream:
+        try:
+            context = save(image)
+        except NotImplementedError as err:
+            raise ImagebuildError(str(err) or f"the {engine.name} engine cannot stream an image out") from None
+        with context as stream:
             yield stream
         return
     cli = getattr(engine, "cli", None)
     if engine.name != "docker" or cli is None:
         raise ImagebuildError(f"the {engine.name} engine cannot stream an image out (no save())")
     engine.check()
+    with command_stream([cli, "save", image], f"docker save {image}") as stream:
+        yield stream
+
+
+@contextlib.contextmanager
+def command_stream(argv: list[str], what: str) -> Iterator[BinaryIO]:
+    """A command's stdout as a stream. When the command itself failed (an image that does not exist
+    gives an empty stream), its message is the error, not what reading the empty stream raised."""
     with tempfile.TemporaryFile() as errors:
-        proc = subprocess.Popen([cli, "save", image], stdout=subprocess.PIPE, stderr=errors)
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors)
+        except OSError as err:
+            raise BuildFailed(f"{what}: cannot run {argv[0]}: {err}") from None
         try:
             yield proc.stdout
-            proc.stdout.read()  # drain, so save never blocks on a reader that stopped early
+            while proc.stdout.read(_CHUNK):  # drain in pieces: the producer never blocks on us
+                pass
+            code = proc.wait()
+        except ImagebuildError:
+            try:
+                code = proc.wait(timeout=2)  # done writing already: its own exit code tells
+            except subprocess.TimeoutExpired:
+                raise  # still writing, so the stream itself was bad
+            if code == 0:
+                raise
         finally:
             proc.stdout.close()
-            code = proc.wait()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         if code != 0:
             errors.seek(0)
-            raise BuildFailed(f"docker save {image} failed (exit {code}): "
-                              f"{errors.read().decode('utf-8', 'replace').strip()}")
+            raise BuildFailed(f"{what} failed (exit {code}): "
+                              f"{errors.read().decode('utf-8', 'replace').strip()}") from None
 
 
 # ---------------------------------------------------------------- config and layout
@@ -411,9 +437,10 @@ def normalized_config(config: dict, diff_ids: list[str], epoch: int) -> dict:
     run = config.get("config") if isinstance(config.get("config"), dict) else {}
     kept = {key: run[key] for key in CONFIG_KEYS if run.get(key)}
     history = []
-    for item in config.get("history") or []:
+    items = config.get("history")
+    for item in items if isinstance(items, list) else []:
         if isinstance(item, dict):
-            entry = {"created": rfc3339(epoch)}
+            entry = {}
             if item.get("created_by"):
                 entry["created_by"] = str(item["created_by"])
             if item.get("empty_layer"):
@@ -483,20 +510,91 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
             shutil.rmtree(staging, ignore_errors=True)
 
 
+class LayerCache:
+    """Normalized blobs keyed by the engine layer's own sha256 (plus epoch, level and format):
+    the output is a pure function of those, so a base layer is compressed once, not per export."""
+
+    FORMAT = 1  # bump whenever normalization changes, or stale blobs would be reused
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def _record(self, engine_digest: str, epoch: int) -> Path:
+        return self.root / "layers" / f"{engine_digest}-{epoch}-{GZIP_LEVEL}-{self.FORMAT}.json"
+
+    def get(self, engine_digest: str, epoch: int, blob_dir: Path) -> LayerBlob | None:
+        try:
+            record = json.loads(self._record(engine_digest, epoch).read_text())
+            desc = Descriptor(MEDIA_LAYER, record["digest"], int(record["size"]))
+            cached = blob_path(self.root, desc.digest)
+            target = blob_path(blob_dir.parent, desc.digest)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(cached, target)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if target.stat().st_size != desc.size or _file_digest(target) != desc.digest:
+            target.unlink()
+            return None
+        return LayerBlob(str(record["diff_id"]), desc)
+
+    def put(self, engine_digest: str, epoch: int, layer: LayerBlob, blob_dir: Path) -> None:
+        cached = blob_path(self.root, layer.descriptor.digest)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        _link_or_copy(blob_path(blob_dir.parent, layer.descriptor.digest), cached)
+        record = self._record(engine_digest, epoch)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"diff_id": layer.diff_id, "digest": layer.descriptor.digest,
+                                      "size": layer.descriptor.size}))
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    if target.exists():
+        return
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem
+        shutil.copyfile(source, target)
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(_CHUNK):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def default_layer_cache() -> LayerCache:
+    from imagebuild.bases import cache_dir
+    return LayerCache(cache_dir() / "oci")
+
+
 def export_layout(engine, image: str, out_dir: Path, *, epoch: int = REPRO_EPOCH,
-                  ref_name: str | None = None) -> LayoutResult:
-    """Write `image` from the engine as a deterministic OCI layout at out_dir (replaced atomically)."""
-    import time
+                  ref_name: str | None = None, cache: LayerCache | None | bool = True) -> LayoutResult:
+    """Write `image` from the engine as a deterministic OCI layout at out_dir (replaced atomically).
+
+    cache: True for the user's layer cache, a LayerCache, or None/False for none."""
     started = time.monotonic()
+    if engine.inspect(image) is None:
+        raise ImagebuildError(f"no image {image!r} in the {engine.name} engine")
     out_dir = Path(out_dir)
+    cache = default_layer_cache() if cache is True else (cache or None)
     with staged_dir(out_dir) as staging:
         blob_dir = staging / "blobs"
         spill = Path(tempfile.mkdtemp(prefix=".spill-", dir=staging))
 
         def normalize(name: str, stream: IO[bytes]) -> LayerBlob:
             with tempfile.TemporaryFile(dir=spill) as raw:
-                shutil.copyfileobj(stream, raw, _CHUNK)
-                return normalize_layer(raw, blob_dir, epoch=epoch)
+                hashed = _Hashing(raw)
+                shutil.copyfileobj(stream, hashed, _CHUNK)
+                key = hashed.hash.hexdigest()
+                found = cache.get(key, epoch, blob_dir) if cache else None
+                if found is not None:
+                    return found
+                layer = normalize_layer(raw, blob_dir, epoch=epoch)
+                if cache:
+                    cache.put(key, epoch, layer, blob_dir)
+                return layer
 
         with saved_image(engine, image) as stream:
             saved = read_saved(stream, normalize)
@@ -626,7 +724,8 @@ def read_layout(layout: Path, ref_name: str | None = None) -> Layout:
     chosen = images[0]
     config_desc, layers, _ = parse_manifest(read_blob(layout, chosen), chosen.digest)
     config = _json(read_blob(layout, config_desc), config_desc.digest)
-    diff_ids = config.get("rootfs", {}).get("diff_ids") if isinstance(config, dict) else None
+    rootfs = config.get("rootfs") if isinstance(config, dict) else None
+    diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
     if (not isinstance(diff_ids, list) or len(diff_ids) != len(layers)
             or not all(_is_digest(d) for d in diff_ids)):
         raise LayoutError(f"{config_desc.digest}: rootfs.diff_ids must list one sha256 per layer")

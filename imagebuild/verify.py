@@ -24,6 +24,7 @@ from typing import IO, Callable
 from packaging.utils import canonicalize_name
 
 from imagebuild import oci
+from imagebuild.errors import ImagebuildError
 from imagebuild.lock import Lock, read_lock
 from imagebuild.render import LABEL_PREFIX, site_packages
 
@@ -99,14 +100,14 @@ def read_layer_files(stream: IO[bytes], keep: Callable[[str], bool] = lambda _: 
                 layer.entries[path] = _entry(tar, info, path, layer, keep)
     except oci.LayerError:
         raise
-    except oci._TAR_ERRORS as err:
+    except oci.TAR_ERRORS as err:
         raise oci.LayerError(f"not a readable layer tar: {type(err).__name__}: {err}") from None
     return layer
 
 
 def _entry(tar: tarfile.TarFile, info: tarfile.TarInfo, path: str, layer: LayerFiles,
            keep: Callable[[str], bool]) -> FileEntry:
-    kind = _KINDS.get(oci._TYPES.get(info.type, info.type), "other")
+    kind = _KINDS.get(oci.ENTRY_TYPES.get(info.type, info.type), "other")
     xattrs = tuple(sorted((k[len("SCHILY.xattr."):], v) for k, v in info.pax_headers.items()
                           if k.startswith("SCHILY.xattr.")))
     common = dict(mode=info.mode & 0o7777, uid=info.uid, gid=info.gid, mtime=int(info.mtime),
@@ -166,10 +167,27 @@ def image_files(engine, ref: str, keep: Callable[[str], bool] = lambda _: False)
                 layers.append(read_layer_files(stream, keep))
         files, contents = merge_layers(layers)
         return ImageFiles(layout.config, files, contents)
+    if engine.inspect(ref) is None:
+        raise ImagebuildError(f"no image {ref!r} in the {engine.name} engine (an OCI layout is "
+                              "named oci:DIR)")
     with oci.saved_image(engine, ref) as stream:
         saved = oci.read_saved(stream, lambda _, s: read_layer_files(s, keep))
     files, contents = merge_layers(saved.layers)
     return ImageFiles(saved.config, files, contents)
+
+
+def layout_file(layout_dir: Path, path: str) -> bytes | None:
+    """One file of a layout's image, looked for from the top layer down (the top is usually small)."""
+    layout = oci.read_layout(Path(layout_dir))
+    for desc in reversed(layout.layers):
+        with oci.layer_stream(layout, desc) as stream:
+            layer = read_layer_files(stream, keep=lambda p: p == path)
+        if path in layer.contents:
+            return layer.contents[path]
+        if path in layer.entries or any(path == w or path.startswith(w.rstrip("/") + "/")
+                                        for w in layer.whiteouts + layer.opaque):
+            return None
+    return None
 
 
 # ---------------------------------------------------------------- verify against a lock
@@ -215,7 +233,12 @@ def record_hash(hexdigest: str) -> str:
 
 
 def parse_record(text: str) -> list[tuple[str, str, str]]:
-    return [(row + ["", "", ""])[:3] for row in csv.reader(io.StringIO(text)) if row and row[0]]
+    """RECORD rows (path, hash, size); a row csv cannot read is split on commas instead."""
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error:
+        rows = [line.split(",") for line in text.splitlines()]
+    return [tuple((row + ["", "", ""])[:3]) for row in rows if row and row[0]]
 
 
 def verify_image(engine, image: str, lock_path: Path) -> VerifyReport:
@@ -359,7 +382,7 @@ def diff_files(a: ImageFiles, b: ImageFiles, *, epoch: int | None = oci.REPRO_EP
                limit: int = 20, names: tuple[str, str] = ("A", "B")) -> DiffReport:
     """Files that differ, in path order (mtimes clamped to epoch unless epoch is None)."""
     differences, total = [], 0
-    for path in sorted(set(a.files) | set(b.files), key=oci._sort_key):
+    for path in sorted(set(a.files) | set(b.files), key=oci.path_sort_key):
         fields = compare_entries(a.files.get(path), b.files.get(path), epoch)
         if fields:
             total += 1

@@ -73,6 +73,11 @@ class Engine(abc.ABC):
         raise ImagebuildError(f"the {self.name} engine cannot export an image's filesystem")
         yield  # pragma: no cover
 
+    def save(self, image: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        """The image as a `docker save` archive stream (manifest.json, config, one tar per layer),
+        read once and never held whole: oci, verify and lxc read it."""
+        raise NotImplementedError(f"the {self.name} engine cannot stream an image out")
+
     def image_exists(self, ref: str) -> bool:
         return self.inspect(ref) is not None
 
@@ -81,5 +86,8 @@ def default_engine(name: str = "docker") -> Engine:
     if name == "docker":
         from imagebuild.engine.docker import DockerEngine
         return DockerEngine()
+    if name == "buildah":
+        from imagebuild.engine.buildah import BuildahEngine
+        return BuildahEngine()
     from imagebuild.errors import ImagebuildError
-    raise ImagebuildError(f"unknown engine {name!r}: the engines are: docker")
+    raise ImagebuildError(f"unknown engine {name!r}: the engines are: docker, buildah")

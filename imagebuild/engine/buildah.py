@@ -145,6 +145,21 @@ class BuildahEngine(Engine):
         return "sha256:" + out.stdout.decode().strip().removeprefix("sha256:")
 
     @contextlib.contextmanager
+    def export_rootfs(self, ref: str) -> Iterator[BinaryIO]:
+        """The image's merged filesystem as a tar stream: a working container, mounted, tarred by
+        GNU tar (numeric owners, xattrs, sorted names without `./`), then unmounted and removed."""
+        name = self._run("from", "--pull-never", "--quiet", ref.removeprefix("sha256:")).stdout.decode().strip()
+        try:
+            root = self._run("mount", name).stdout.decode().strip()
+            argv = ["tar", "-C", root, "-cf", "-", "--numeric-owner", "--xattrs", "--xattrs-include=*",
+                    "--sort=name", "--", *sorted(os.listdir(root))]
+            with command_stream(argv, f"tar of {ref}") as stream:
+                yield stream
+        finally:
+            self._run("umount", name, check=False)
+            self._run("rm", name, check=False)
+
+    @contextlib.contextmanager
     def save(self, image: str) -> Iterator[BinaryIO]:
         """The image as a docker-archive stream (what `docker save` writes)."""
         argv = [self.buildah, "push", "--quiet", image.removeprefix("sha256:"), "docker-archive:/dev/stdout"]

@@ -183,6 +183,24 @@ class DockerEngine(Engine):
             if container is not None:
                 self.client.api.remove_container(container, force=True)
 
+    @contextlib.contextmanager
+    def save(self, image: str) -> Iterator[BinaryIO]:
+        """`docker save` as a stream: layers are never held in memory."""
+        self.check()
+        with tempfile.TemporaryFile() as errors:
+            proc = subprocess.Popen([self.cli, "save", image], stdout=subprocess.PIPE, stderr=errors)
+            try:
+                yield proc.stdout
+                while proc.stdout.read(1 << 20):  # drain: save never blocks on a reader that stopped
+                    pass
+            finally:
+                proc.stdout.close()
+                code = proc.wait()
+            if code != 0:
+                errors.seek(0)
+                raise BuildFailed(f"docker save {image} failed (exit {code}): "
+                                  f"{errors.read().decode('utf-8', 'replace').strip()}")
+
     def import_rootfs(self, tar: Path, ref: str, *, arch: str = "amd64") -> str:
         self.check()
         proc = subprocess.run([self.cli, "import", str(tar), ref], capture_output=True, text=True)

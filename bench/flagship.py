@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""The flagship against a hand-written Dockerfile, on the same base, in one run (issue 3).
+
+Naive:   FROM <base>; RUN python3 -m venv /opt/venv && pip install --no-cache-dir sglang==<same>
+Ours:    imagebuild build of recipes/sglang-blackwell.toml (on the same base plus python3-venv)
+
+Prints: cold build (builder cache pruned before each), rebuild after bumping the sglang pin, no-op
+rebuild, image size — each as a ratio — and where the size goes, per distribution, with the CUDA 12
+builds a CUDA 13 image cannot use flagged. Takes ~15 minutes and prunes the builder cache.
+
+Usage: .venv/bin/python bench/flagship.py [--skip-naive] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from imagebuild import pipeline  # noqa: E402
+from imagebuild.bases import ensure_base_image  # noqa: E402
+from imagebuild.engine.docker import DockerEngine  # noqa: E402
+from imagebuild.lock import read_lock  # noqa: E402
+from imagebuild.recipe import load_recipe  # noqa: E402
+
+DOCKER = "/usr/bin/docker"
+NAIVE = """\
+FROM {base}
+RUN --mount=type=secret,id=ca \\
+    python3 -m venv /opt/venv && \\
+    PIP_CERT=/run/secrets/ca /opt/venv/bin/pip install --no-cache-dir sglang=={version}
+"""
+# Sizes per distribution, from each one's RECORD (run inside the image with its own Python).
+SIZES = r"""
+import json, os
+from importlib.metadata import distributions
+out = {}
+for dist in distributions():
+    total = 0
+    for f in dist.files or ():
+        try:
+            total += os.lstat(f.locate()).st_size
+        except OSError:
+            pass
+    out[dist.metadata["Name"]] = total
+print(json.dumps(out))
+"""
+
+
+def sh(*command: str, **kwargs) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stdout[-1500:]}\n{done.stderr[-1500:]}")
+    return done
+
+
+def prune() -> None:
+    sh(DOCKER, "builder", "prune", "-af")
+
+
+def clock(fn):
+    start = time.monotonic()
+    result = fn()
+    return time.monotonic() - start, result
+
+
+def bench_recipe(folder: Path, version: str, flashinfer: str) -> Path:
+    """The flagship with python3-venv added to its base (so the naive Dockerfile runs on the same base)."""
+    text = (REPO / "recipes" / "sglang-blackwell.toml").read_text()
+    text = text.replace('name = "imagebuild/sglang-blackwell"', 'name = "imagebuild-bench/sglang"')
+    text = text.replace('packages = ["g++"]', 'packages = ["g++", "python3-venv"]')
+    text = re.sub(r'"sglang==[^"]+"', f'"sglang=={version}"', text)
+    text = re.sub(r'"flashinfer-python==[^"]+"', f'"flashinfer-python=={flashinfer}"', text)
+    text = text.replace('file = "patches/', f'file = "{REPO}/recipes/patches/')
+    path = folder / "recipes" / "sglang-bench.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def size_breakdown(image: str) -> dict[str, int]:
+    done = sh(DOCKER, "run", "--rm", "--network", "none", image, "/opt/venv/bin/python", "-c", SIZES)
+    return json.loads(done.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--skip-naive", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    engine = DockerEngine()
+    ca = pipeline.ca_bundle()
+    results: dict[str, float] = {}
+
+    with tempfile.TemporaryDirectory(prefix="bench-flagship-") as tmp:
+        folder = Path(tmp)
+        recipe = bench_recipe(folder, "0.5.23", "0.7.2")
+        pipeline.lock(recipe)
+        lock = read_lock(folder / "lockfiles" / "sglang-bench.lock")
+        base = ensure_base_image(lock.base, load_recipe(recipe).base, engine)
+
+        if not args.skip_naive:
+            naive = folder / "naive"
+            naive.mkdir()
+            (naive / "Dockerfile").write_text(NAIVE.format(base=base, version="0.5.23"))
+            prune()
+            results["naive_cold_s"], _ = clock(lambda: sh(
+                DOCKER, "build", "-q", "--secret", f"id=ca,src={ca}", "-t", "imagebuild-bench/naive", str(naive),
+                env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}))
+            results["naive_size_gb"] = engine.inspect("imagebuild-bench/naive").size / 1e9
+            naive_sizes = size_breakdown("imagebuild-bench/naive")
+            results["naive_pyc_gb"] = sum(naive_sizes.values()) / 1e9  # RECORD includes compiled .pyc
+            engine.remove("imagebuild-bench/naive")
+
+        prune()
+        results["ours_cold_s"], report = clock(lambda: pipeline.build(recipe, engine, run_smoke=False, ca=str(ca)))
+        results["ours_cold_install_s"] = report.seconds["build"]
+        results["ours_size_gb"] = report.size / 1e9
+        smoke_s, smoke = clock(lambda: pipeline.smoke(report.image, engine))
+        results["ours_smoke_s"] = smoke_s
+        ours_sizes = size_breakdown(report.image)
+
+        results["ours_noop_s"], _ = clock(lambda: pipeline.build(recipe, engine, ca=str(ca)))
+
+        # Bump the sglang pin (0.5.23 -> 0.5.22 and its own flashinfer pin), relock, rebuild.
+        bumped = bench_recipe(folder, "0.5.22", "0.7.1")
+        results["ours_pin_bump_s"], bump = clock(lambda: pipeline.build(bumped, engine, relock=True,
+                                                                         run_smoke=False, ca=str(ca)))
+        before = engine.inspect(report.image_id).diff_ids
+        after = engine.inspect(bump.image_id).diff_ids
+        shared = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), len(before))
+        results["pin_bump_layers_rebuilt"] = len(after) - shared
+        results["layers_total"] = len(after)
+        for ref in {report.image, report.image_id, bump.image_id}:
+            engine.remove(ref)
+
+    print("flagship bench (same base: bookworm + g++ + python3-venv)")
+    for key, value in results.items():
+        print(f"  {key:28s} {value:10.2f}")
+    if "naive_cold_s" in results:
+        print(f"  cold        ours/naive  {results['ours_cold_s'] / results['naive_cold_s']:.2f}x (target <= 0.25x)")
+        print(f"  size        ours/naive  {results['ours_size_gb'] / results['naive_size_gb']:.2f}x (target <= 0.8x)")
+    print(f"  pin bump    bump/cold   {results['ours_pin_bump_s'] / results['ours_cold_s']:.2f}x (target <= 0.1x)")
+    print(f"  no-op       {results['ours_noop_s']:.2f} s (target <= 5 s)")
+    print("\nwhere the size goes (ours, installed bytes per distribution, top 25):")
+    total = sum(ours_sizes.values())
+    for name, size in sorted(ours_sizes.items(), key=lambda kv: -kv[1])[:25]:
+        print(f"  {size / 1e9:6.2f} GB  {100 * size / total:5.1f}%  {name}")
+    unusable = {n: s for n, s in ours_sizes.items() if re.search(r"cu12\b|-cu12$", n.lower())}
+    print("CUDA 12 builds in this CUDA 13 image (candidates for [python].exclude):",
+          ", ".join(f"{n} ({s / 1e6:.0f} MB)" for n, s in unusable.items()) or "none")
+    if args.json:
+        args.json.write_text(json.dumps({"results": results, "sizes": ours_sizes}, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

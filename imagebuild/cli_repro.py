@@ -1,0 +1,172 @@
+"""The reproducibility commands: export-oci, verify, diff, sbom (registered through cli.EXTENSIONS).
+
+Each handler is fn(args, out, err) -> exit code: 0 ok, 1 a mismatch or a difference; errors raise
+ImagebuildError and the CLI maps them to their exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from imagebuild import oci, sbom, verify
+from imagebuild.errors import EXIT_FAILED, EXIT_OK, ImagebuildError
+from imagebuild.lock import Lock, parse_lock, read_lock
+
+ENGINES = ("docker", "buildah")
+IMAGE_LOCK = "opt/imagebuild/lock.json"  # the lock every image carries (Dockerfile.j2)
+
+
+def engine_named(name: str):
+    if name == "buildah":
+        from imagebuild.engine.buildah import BuildahEngine
+        return BuildahEngine()
+    from imagebuild.engine import default_engine
+    return default_engine(name)
+
+
+def add_commands(command) -> None:
+    cmd = command("export-oci", "write an image as a deterministic OCI layout (with its SBOM attached)")
+    cmd.add_argument("image", help="engine image reference or id")
+    cmd.add_argument("-o", "--out", type=Path, required=True, help="layout folder (replaced)")
+    cmd.add_argument("--lock", type=Path, help="the image's lock (default: the one inside the image)")
+    cmd.add_argument("--ref-name", help="the layout's ref name (default: the image's tag)")
+    cmd.add_argument("--no-sbom", action="store_true", help="write no SBOM")
+    _engine_option(cmd)
+    cmd.set_defaults(handler=export_command)
+
+    cmd = command("verify", "check an image against its lock: labels, versions, RECORD hashes, patches")
+    cmd.add_argument("image", help="engine image, or an OCI layout (oci:DIR)")
+    cmd.add_argument("--lock", type=Path, required=True)
+    _engine_option(cmd)
+    cmd.set_defaults(handler=verify_command)
+
+    cmd = command("diff", "name the first files that differ between two images")
+    cmd.add_argument("a", help="engine image, or an OCI layout (oci:DIR)")
+    cmd.add_argument("b")
+    cmd.add_argument("--raw", action="store_true",
+                     help="compare mtimes as they are (default: clamped to the lock epoch, as export-oci does)")
+    cmd.add_argument("--limit", type=int, default=20, help="how many differing files to list")
+    _engine_option(cmd)
+    cmd.set_defaults(handler=diff_command)
+
+    cmd = command("sbom", "write a CycloneDX 1.5 SBOM for an image, from its lock")
+    cmd.add_argument("image", help="engine image, or an OCI layout (oci:DIR; the SBOM is attached to it)")
+    cmd.add_argument("-o", "--out", type=Path, required=True, help="SBOM file (.cdx.json)")
+    cmd.add_argument("--lock", type=Path, help="the image's lock (default: the one inside the image)")
+    _engine_option(cmd)
+    cmd.set_defaults(handler=sbom_command)
+
+
+def _engine_option(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--engine", default="docker", choices=ENGINES)
+
+
+def image_lock(engine, image: str, explicit: Path | None) -> Lock:
+    """--lock when given, else the lock.json the image carries."""
+    if explicit:
+        return read_lock(explicit)
+    if verify.is_layout(image):
+        data = verify.layout_file(Path(image.removeprefix("oci:")), IMAGE_LOCK)
+    else:
+        data = verify.image_files(engine, image, keep=lambda path: path == IMAGE_LOCK).contents.get(IMAGE_LOCK)
+    if data is None:
+        raise ImagebuildError(f"{image} carries no /{IMAGE_LOCK}: pass --lock LOCK")
+    return parse_lock(data.decode("utf-8", "replace"), f"{image}:/{IMAGE_LOCK}")
+
+
+def _name_and_tag(labels: dict, image: str) -> tuple[str, str | None]:
+    name = labels.get("org.opencontainers.image.title")
+    if name:
+        return name, labels.get("org.opencontainers.image.version")
+    base, sep, tag = image.rpartition(":")
+    return (base, tag) if sep and "/" not in tag else (image, None)
+
+
+def sbom_path_for(layout: Path) -> Path:
+    """Beside the layout folder: out/NAME -> out/NAME.cdx.json."""
+    return layout.parent / f"{layout.name}.cdx.json"
+
+
+def export_command(args, out: Console, err: Console) -> int:
+    engine = engine_named(args.engine)
+    with err.status(f"exporting {args.image}"):
+        result = oci.export_layout(engine, args.image, args.out, ref_name=args.ref_name)
+    report = result.to_dict()
+    if not args.no_sbom:
+        layout = oci.read_layout(args.out)
+        lock = image_lock(engine, f"oci:{args.out}", args.lock)
+        name, tag = _name_and_tag(verify.ImageFiles(layout.config, {}, {}).labels, args.image)
+        document = sbom.build_sbom(lock, image_name=name, image_tag=tag,
+                                   manifest_digest=result.manifest_digest)
+        path = sbom.write_sbom(document, sbom_path_for(Path(args.out)))
+        attached = sbom.attach_sbom(args.out, document)
+        report["sbom"] = {"file": str(path), "artifact_digest": attached.digest}
+    if args.json:
+        out.print_json(data=report)
+    else:
+        out.print(f"[green]exported[/] {args.image} -> {args.out}  manifest {result.manifest_digest}  "
+                  f"({len(result.layers)} layers, {result.seconds:.1f} s)")
+        if "sbom" in report:
+            out.print(f"  SBOM {report['sbom']['file']} (attached as {report['sbom']['artifact_digest']})")
+    return EXIT_OK
+
+
+def verify_command(args, out: Console, err: Console) -> int:
+    with err.status(f"verifying {args.image}"):
+        report = verify.verify_image(engine_named(args.engine), args.image, args.lock)
+    if args.json:
+        out.print_json(data=report.to_dict())
+    else:
+        for m in report.mismatches:
+            out.print(f"[red]mismatch[/] {m.what} {m.subject}: expected {m.expected}, found {m.actual}")
+        counts = ", ".join(f"{v} {k}" for k, v in report.checked.items())
+        verdict = "[green]matches[/]" if report.ok else f"[red]{len(report.mismatches)} mismatch(es)[/]"
+        out.print(f"{args.image} against {args.lock}: {verdict} (checked {counts})")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def diff_command(args, out: Console, err: Console) -> int:
+    with err.status(f"comparing {args.a} and {args.b}"):
+        report = verify.diff_images(engine_named(args.engine), args.a, args.b,
+                                    epoch=None if args.raw else oci.REPRO_EPOCH, limit=args.limit)
+    if args.json:
+        out.print_json(data=report.to_dict())
+        return EXIT_OK if report.same else EXIT_FAILED
+    for d in report.differences:
+        out.print(f"{d.path}: {', '.join(d.fields)}")
+    if report.config:
+        out.print(f"config: {', '.join(report.config)} differ")
+    out.print("the same files" if report.same else
+              f"{report.total} path(s) differ" + (f" (first {len(report.differences)} shown)"
+                                                  if report.total > len(report.differences) else ""))
+    return EXIT_OK if report.same else EXIT_FAILED
+
+
+def sbom_command(args, out: Console, err: Console) -> int:
+    engine = engine_named(args.engine)
+    with err.status(f"reading {args.image}"):
+        lock = image_lock(engine, args.image, args.lock)
+        layout_dir = Path(args.image.removeprefix("oci:")) if verify.is_layout(args.image) else None
+        digest, labels = None, {}
+        if layout_dir is not None:
+            layout = oci.read_layout(layout_dir)
+            digest, labels = layout.manifest_digest, verify.ImageFiles(layout.config, {}, {}).labels
+        else:
+            info = engine.inspect(args.image)
+            if info is None:
+                raise ImagebuildError(f"no image {args.image!r} in the {engine.name} engine")
+            labels = info.labels
+        name, tag = _name_and_tag(labels, args.image)
+        document = sbom.build_sbom(lock, image_name=name, image_tag=tag, manifest_digest=digest)
+        path = sbom.write_sbom(document, args.out)
+        attached = sbom.attach_sbom(layout_dir, document) if layout_dir is not None else None
+    if args.json:
+        out.print_json(data={"sbom": str(path), "components": len(document["components"]),
+                             "attached": attached.digest if attached else None})
+    else:
+        out.print(f"SBOM written to {path} ({len(document['components'])} components"
+                  + (f"; attached to {layout_dir} as {attached.digest})" if attached else ")"))
+    return EXIT_OK

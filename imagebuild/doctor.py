@@ -1,0 +1,271 @@
+"""`imagebuild doctor`: the image probe's doctor mode, pointed at a live host, a venv or an image.
+
+The probe (probe.py, stdlib only) gathers facts and makes the findings that need nothing else; it runs
+under the interpreter in question, or in a throwaway container of an image. This module runs it there
+and adds the rules that read imagebuild/data/compat.toml (compat.py) over the facts it reports: the
+newest CUDA the driver runs, glibc against nvcc, and whether nvcc and ptxas can target the GPU.
+
+    diagnose(python=None)            the host: python3 on PATH, or the interpreter given
+    diagnose_image(image, engine)    the same probe inside a container of the image
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from imagebuild import compat, probe
+from imagebuild.cuda import CudaVersion, parse_driver
+from imagebuild.engine import Engine
+from imagebuild.errors import ImagebuildError, ToolMissing
+
+PROBE_FILE = Path(probe.__file__)
+APPLY_PATCH = Path(__file__).parent / "apply_patch.py"
+FLASHINFER_PATCH = Path(__file__).parent.parent / "recipes" / "patches" / "flashinfer-cuda-version.patch"
+PROBE_TIMEOUT_S = 120
+# One argv string may hold at most 128 KiB on Linux (MAX_ARG_STRLEN): the probe travels as `python -c`.
+MAX_INLINE_SOURCE = 120_000
+_FIND_PYTHON = ('for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -c "$1" --doctor; '
+                'fi; done; echo "imagebuild doctor: no python3 or python on PATH in this image" >&2; exit 127')
+
+
+class DoctorFailed(ImagebuildError):
+    """The probe could not run, or printed no report: nothing was diagnosed."""
+
+
+@dataclass
+class DoctorReport:
+    target: str  # "host" or "image NAME"
+    python: str  # the interpreter the probe ran under
+    findings: list[dict]
+    facts: dict
+    host: dict
+    seconds: float  # the whole diagnosis, container start included
+    probe_seconds: float | None = None  # the probe alone, as it measured itself
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def errors(self) -> list[dict]:
+        return [f for f in self.findings if f["status"] == probe.FAIL]
+
+    @property
+    def warnings(self) -> list[dict]:
+        return [f for f in self.findings if f["status"] == probe.WARN]
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "python": self.python, "ok": self.ok, "errors": len(self.errors),
+                "warnings": len(self.warnings), "seconds": round(self.seconds, 2),
+                "probe_seconds": self.probe_seconds, "findings": self.findings,
+                "facts": self.facts, "host": self.host}
+
+
+# ---- running the probe ----------------------------------------------------------------------
+
+def diagnose(python: str | None = None, *, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
+             driver_file: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> DoctorReport:
+    """Run the doctor probe under `python` (default: python3, else python, on env's PATH) and add the
+    compat rules. env and cwd are the process's (default: this one's)."""
+    started = time.monotonic()
+    env = dict(os.environ if env is None else env)
+    path = env.get("PATH")
+    interpreter = python or shutil.which("python3", path=path) or shutil.which("python", path=path)
+    if interpreter is None:
+        raise ToolMissing("no python3 or python on PATH: give the interpreter to diagnose with --python PATH")
+    argv = [interpreter, str(PROBE_FILE), "--doctor"] + (["--driver-file", str(driver_file)] if driver_file else [])
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise DoctorFailed(f"{interpreter}: no such interpreter") from None
+    except PermissionError:
+        raise DoctorFailed(f"{interpreter} is not executable") from None
+    except subprocess.TimeoutExpired:
+        raise DoctorFailed(f"the doctor probe under {interpreter} did not finish in {timeout:.0f} s") from None
+    raw = _report(done.stdout, done.returncode, done.stderr, f"under {interpreter}")
+    report = _finish(raw, "host", raw.get("host", {}).get("executable") or interpreter, time.monotonic() - started)
+    _exact_patch_fix(report)
+    return report
+
+
+def diagnose_image(image: str, engine: Engine, *, python: str | None = None, env: Mapping[str, str] | None = None,
+                   unset: Iterable[str] = (), gpus: bool | None = None,
+                   timeout: float = PROBE_TIMEOUT_S) -> DoctorReport:
+    """Run the same probe in a throwaway container of the image (network off), under `python` or the image's
+    python3; env and unset change the container's variables first, as `docker run -e` would."""
+    started = time.monotonic()
+    engine.check()
+    if engine.inspect(image) is None:
+        raise DoctorFailed(f"no image {image!r} in the {engine.name} engine")
+    source = PROBE_FILE.read_text(encoding="utf-8")
+    if len(source.encode()) > MAX_INLINE_SOURCE:
+        raise DoctorFailed(f"{PROBE_FILE} has grown past {MAX_INLINE_SOURCE} bytes and no longer fits one argument")
+    changes = [f"-u{key}" for key in unset] + [f"{key}={value}" for key, value in (env or {}).items()]
+    run = [python, "-c", source, "--doctor"] if python else ["sh", "-c", _FIND_PYTHON, "sh", source]
+    command = (["env", *changes] if changes else []) + run
+    gpus = os.path.exists("/dev/nvidiactl") if gpus is None else gpus
+    result = engine.run(image, command, network=False, gpus=gpus, timeout=timeout)
+    if result.timed_out:
+        raise DoctorFailed(f"the doctor probe in {image} did not finish in {timeout:.0f} s")
+    raw = _report(result.stdout, result.exit_code, result.stderr, f"in {image}")
+    return _finish(raw, f"image {image}", raw.get("host", {}).get("executable") or python or "python3",
+                   time.monotonic() - started)
+
+
+def _report(stdout: str, status: int, stderr: str, where: str) -> dict:
+    try:
+        raw = json.loads(stdout)
+    except json.JSONDecodeError:
+        raw = None
+    if not isinstance(raw, dict) or raw.get("mode") != "doctor":
+        tail = (stderr or stdout).strip()[-2000:]
+        raise DoctorFailed(f"the doctor probe {where} printed no report (exit {status}): {tail}"
+                           + ("; the probe needs Python 3.9 or newer" if "SyntaxError" in tail else ""))
+    return raw
+
+
+def _finish(raw: dict, target: str, python: str, seconds: float) -> DoctorReport:
+    facts = raw.get("facts") or {}
+    findings = list(raw.get("checks") or []) + (compat_findings(facts) if facts else [])
+    return DoctorReport(target, python, findings, facts, raw.get("host") or {}, seconds, raw.get("seconds"))
+
+
+def _exact_patch_fix(report: DoctorReport) -> None:
+    """On a host with imagebuild's source tree, the FlashInfer fix becomes the exact command."""
+    finding = next((f for f in report.findings if f["name"] == "flashinfer-cuda-version"
+                    and f["status"] in (probe.FAIL, probe.WARN) and f["evidence"].get("found")), None)
+    if finding is None or not FLASHINFER_PATCH.is_file():
+        return
+    site = Path(finding["evidence"]["source"]).parents[2]
+    sha = hashlib.sha256(FLASHINFER_PATCH.read_bytes()).hexdigest()
+    command = (f"{report.facts['stack']['executable']} {APPLY_PATCH} --strip 1 --package flashinfer-python "
+               f"--sha256 {sha} {site} {FLASHINFER_PATCH}")
+    finding["fix"] = probe.shell_fix([command], [
+        "written for flashinfer-python 0.7.2",
+        'in a recipe: [[patches]] package = "flashinfer-python", file = "patches/flashinfer-cuda-version.patch"'])
+
+
+# ---- the compat rules over the probe's facts ------------------------------------------------
+
+def compat_findings(facts: Mapping) -> list[dict]:
+    """What compat.toml says about these facts: pure, so a test can hand it any host."""
+    return [_driver_cuda(facts), _glibc_nvcc(facts), _arch_targets(facts)]
+
+
+def native_cuda(driver: str) -> CudaVersion | None:
+    """The newest toolkit whose first release this driver runs natively (compat.toml [[driver]])."""
+    try:
+        version = parse_driver(driver)
+    except (ValueError, AttributeError):
+        return None
+    native = [fact.cuda for fact in compat.load_facts().drivers.values()
+              if fact.ga and parse_driver(fact.ga) <= version]
+    return max(native, default=None)
+
+
+def cuda_in_use(facts: Mapping) -> dict[CudaVersion, list[str]]:
+    """Each CUDA version in play and who brings it: torch's build, the nvcc each consumer finds."""
+    found: dict[CudaVersion, list[str]] = {}
+
+    def add(version, who: str) -> None:
+        try:
+            found.setdefault(CudaVersion.parse(version), []).append(who)
+        except (ValueError, AttributeError, TypeError):
+            pass
+
+    add((facts.get("torch") or {}).get("cuda"), "torch")
+    for release, who in nvcc_in_use(facts).items():
+        add(release, f"nvcc {release} ({', '.join(who)})")
+    return found
+
+
+def nvcc_in_use(facts: Mapping) -> dict[str, list[str]]:
+    """nvcc release -> the consumers that would run it (all of them when none is installed)."""
+    consumers = {name: entry for name, entry in (facts.get("consumers") or {}).items()
+                 if name in probe.CONSUMER_LABELS and entry.get("home")}
+    installed = {name: entry for name, entry in consumers.items() if entry.get("installed")} or consumers
+    toolkits = {t.get("real"): t for t in facts.get("toolkits") or []}
+    found: dict[str, list[str]] = {}
+    for name, entry in installed.items():
+        release = (toolkits.get(os.path.realpath(entry["home"])) or {}).get("release")
+        if release:
+            found.setdefault(release, []).append(probe.CONSUMER_LABELS[name])
+    return found
+
+
+def _from_compat(name: str, finding: compat.Finding) -> dict:
+    status = probe.FAIL if finding.severity == "error" else probe.WARN
+    return probe.make_finding(name, status, finding.message, finding.fix, rule=finding.rule,
+                              facts=finding.evidence, source=finding.source)
+
+
+def _merge(name: str, findings: list[compat.Finding], passed: str) -> dict:
+    """Several compat findings as one doctor finding: the worst severity, every message and fix."""
+    if not findings:
+        return probe.make_finding(name, probe.PASS, passed)
+    worst = probe.FAIL if compat.has_errors(findings) else probe.WARN
+    if len(findings) == 1:
+        return _from_compat(name, findings[0])
+    return probe.make_finding(name, worst, " ".join(f.message for f in findings),
+                              "; ".join(dict.fromkeys(f.fix for f in findings)),
+                              rules=[f.to_dict() for f in findings])
+
+
+def _driver_cuda(facts: Mapping) -> dict:
+    driver = (facts.get("driver") or {}).get("version")
+    if not driver:
+        return probe.make_finding("driver-cuda", probe.SKIP, "no driver version known")
+    native = native_cuda(driver)
+    in_use = cuda_in_use(facts)
+    findings = [f for cuda in sorted(in_use) for f in compat.check_driver(cuda, driver)]
+    runs = f"driver {driver} runs CUDA {native} and older natively" if native else \
+        f"driver {driver} is older than every CUDA release imagebuild knows"
+    used = "; ".join(f"CUDA {cuda}: {', '.join(who)}" for cuda, who in sorted(in_use.items()))
+    merged = _merge("driver-cuda", findings, f"{runs}; in use: {used or 'nothing'}")
+    merged["evidence"].update(native_cuda=str(native) if native else None, driver=driver,
+                              in_use={str(c): who for c, who in in_use.items()})
+    if findings:
+        merged["detail"] = f"{runs}. {merged['detail']}"
+    return merged
+
+
+def _glibc_nvcc(facts: Mapping) -> dict:
+    glibc = facts.get("glibc")
+    releases = nvcc_in_use(facts)
+    if not glibc or not releases:
+        return probe.make_finding("glibc-nvcc", probe.SKIP, "no glibc or no nvcc to compare", glibc=glibc)
+    findings = [f for release in sorted(releases) for f in compat.check_glibc(glibc, CudaVersion.parse(release))]
+    return _merge("glibc-nvcc", findings, f"glibc {glibc} and nvcc {', '.join(sorted(releases))} work together")
+
+
+def _arch_targets(facts: Mapping) -> dict:
+    """Can the nvcc each consumer finds, and the ptxas Triton runs, compile for the GPUs here?"""
+    caps = sorted({gpu.get("compute_cap") for gpu in (facts.get("driver") or {}).get("gpus") or []} - {None})
+    compilers = {f"nvcc {release}": release for release in nvcc_in_use(facts)}
+    triton = (facts.get("consumers") or {}).get("triton") or {}
+    for tool, entry in (triton.get("tools") or {}).items():
+        if entry.get("chosen"):
+            compilers[f"Triton's {tool} {entry['chosen']['release']}"] = entry["chosen"]["release"]
+    if not caps or not compilers:
+        return probe.make_finding("gpu-targets", probe.SKIP, "no GPU compute capability or no compiler to compare")
+    findings = []
+    for cap in caps:
+        target = "sm_" + cap.replace(".", "")
+        for who, release in compilers.items():
+            if who.startswith("Triton's ptxas ") and int(cap.split(".")[0]) >= 10 and "ptxas-blackwell" in (
+                    triton.get("tools") or {}):
+                continue  # Triton hands sm_100 and newer to ptxas-blackwell
+            if who.startswith("Triton's ptxas-blackwell") and int(cap.split(".")[0]) < 10:
+                continue
+            for f in compat.check_archs(CudaVersion.parse(release), [target]):
+                findings.append(compat.Finding(f.severity, f.rule, f"{who}: {f.message}", f.evidence, f.fix, f.source))
+    return _merge("gpu-targets", findings, f"{', '.join(compilers)} can compile for "
+                  + ", ".join("sm_" + cap.replace(".", "") for cap in caps))

@@ -1,0 +1,244 @@
+"""The reproducibility promise, end to end on the real engine: two builds of one lock with the
+builder cache pruned between them give one OCI manifest digest; a step that writes the date is
+caught and named; a changed file fails verify; buildah builds the same context.
+
+Every image made here has a tag with this process's id and is removed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from imagebuild import cli, oci
+from imagebuild.bases import ensure_base_image
+from imagebuild.engine.docker import DockerEngine
+from imagebuild.errors import EngineUnavailable, ToolMissing
+from imagebuild.lock import ensure_fresh, read_lock, uv_binary
+from imagebuild.pipeline import ca_bundle, smoke
+from imagebuild.recipe import load_recipe
+from imagebuild.render import render_context, site_packages
+
+pytestmark = pytest.mark.engine
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "recipes" / "cuda-toolchain.toml"
+LOCK = ROOT / "lockfiles" / "cuda-toolchain.lock"
+REPO = f"imagebuild-test/repro-{os.getpid()}"
+
+
+@dataclass
+class Build:
+    ref: str
+    image_id: str
+    seconds: float
+    layout: oci.LayoutResult
+
+
+@dataclass
+class Builds:
+    a: Build
+    b: Build
+    tmp: Path
+    cache: oci.LayerCache
+    lock: Path  # a copy of the lock they were built from: others may relock meanwhile
+
+
+def prune_builder_cache() -> None:
+    subprocess.run(["docker", "builder", "prune", "-af"], check=True, capture_output=True)
+
+
+def run_cli(argv: list[str], monkeypatch, capsys) -> tuple[int, dict]:
+    monkeypatch.setattr(cli, "EXTENSIONS", tuple(dict.fromkeys(cli.EXTENSIONS + ("imagebuild.cli_repro",))))
+    capsys.readouterr()
+    code = cli.main(argv + ["--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    docker = DockerEngine()
+    try:
+        docker.check()
+    except (EngineUnavailable, ToolMissing) as err:
+        pytest.skip(str(err))
+    return docker
+
+
+def test_a_missing_image_is_bad_input_not_a_traceback(engine, monkeypatch, capsys, tmp_path):
+    for argv in (["verify", f"{REPO}:missing", "--lock", str(LOCK)],
+                 ["export-oci", f"{REPO}:missing", "-o", str(tmp_path / "x")]):
+        code, report = run_cli(argv, monkeypatch, capsys)
+        assert code == 2 and "no image" in report["message"]
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.fixture(scope="module")
+def made(engine):
+    refs: list[str] = []
+    yield refs
+    for ref in reversed(refs):
+        engine.remove(ref)
+
+
+def build_tagged(engine, context: Path, ref: str, made: list[str]) -> tuple[str, float]:
+    started = time.monotonic()
+    bundle = ca_bundle()
+    image_id = engine.build(context, secrets={"ca": bundle} if bundle else {})
+    engine.tag(image_id, ref)
+    made.append(ref)
+    return image_id, time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def builds(engine, made, tmp_path_factory) -> Builds:
+    tmp = tmp_path_factory.mktemp("repro")
+    lock_path = tmp / LOCK.name
+    shutil.copyfile(LOCK, lock_path)
+    recipe, lock = load_recipe(RECIPE), read_lock(lock_path)
+    ensure_fresh(lock, recipe, lock_path)
+    ensure_base_image(lock.base, recipe.base, engine)
+    contexts = [render_context(lock, recipe, tmp / f"context-{n}", uv_path=uv_binary(),
+                               lock_text=lock_path.read_text()) for n in "ab"]
+    assert tree(contexts[0]) == tree(contexts[1]), "rendering the same lock twice gave two contexts"
+    cache = oci.LayerCache(tmp / "cache" / "oci")
+    done = []
+    for name, context in zip("ab", contexts):
+        prune_builder_cache()
+        ref = f"{REPO}:{name}"
+        image_id, seconds = build_tagged(engine, context, ref, made)
+        layout = oci.export_layout(engine, ref, tmp / f"layout-{name}", cache=cache)
+        done.append(Build(ref, image_id, seconds, layout))
+    for b in done:
+        print(f"\nREPRO {b.ref}: built in {b.seconds:.1f} s (docker id {b.image_id[:19]}), exported in "
+              f"{b.layout.seconds:.1f} s: manifest {b.layout.manifest_digest}")
+    return Builds(done[0], done[1], tmp, cache, lock_path)
+
+
+def test_two_builds_of_one_lock_give_one_manifest_digest(builds):
+    a, b = builds.a.layout, builds.b.layout
+    assert a.diff_ids == b.diff_ids
+    assert a.manifest_digest == b.manifest_digest
+    assert a.config_digest == b.config_digest
+    assert builds.a.image_id != builds.b.image_id  # Docker's own id is not part of the promise
+    assert len(a.diff_ids) == 8
+
+
+@pytest.mark.skipif(not shutil.which("oci-image-tool"), reason="needs Debian's oci-image-tool")
+def test_the_layout_is_a_standard_oci_layout(builds):
+    check = subprocess.run(["oci-image-tool", "validate", "--type", "image", str(builds.a.layout.path)],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    if shutil.which("umoci"):
+        stat = subprocess.run(["umoci", "stat", "--json", "--image", f"{builds.a.layout.path}:a"],
+                              capture_output=True, text=True)
+        assert stat.returncode == 0, stat.stderr
+        assert len([h for h in json.loads(stat.stdout)["history"] if not h.get("empty_layer")]) == 8
+
+
+def test_the_image_verifies_against_its_lock(builds, monkeypatch, capsys):
+    code, report = run_cli(["verify", builds.a.ref, "--lock", str(builds.lock)], monkeypatch, capsys)
+    assert code == 0 and report["ok"], report["mismatches"]
+    assert report["checked"]["packages"] == 7 and report["checked"]["files"] > 1000
+
+
+def test_sbom_of_the_layout_is_attached(builds, monkeypatch, capsys):
+    validation = pytest.importorskip("cyclonedx.validation.json")
+    from cyclonedx.schema import SchemaVersion
+    out = builds.tmp / "b.cdx.json"
+    code, report = run_cli(["sbom", f"oci:{builds.b.layout.path}", "-o", str(out)], monkeypatch, capsys)
+    assert code == 0 and report["attached"]
+    assert validation.JsonStrictValidator(SchemaVersion.V1_5).validate_str(out.read_text()) is None
+    document = json.loads(out.read_text())
+    assert document["metadata"]["component"]["hashes"][0]["content"] == \
+        builds.b.layout.manifest_digest.split(":")[1]
+    assert oci.read_layout(builds.b.layout.path).manifest_digest == builds.b.layout.manifest_digest
+
+
+def test_a_step_that_writes_the_date_is_caught_and_named(engine, builds, made, monkeypatch, capsys):
+    context = builds.tmp / "dated"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {builds.a.ref}\nRUN date +%s%N > /opt/stamp && "
+                                        "echo stable > /opt/stable\n")
+    layouts = []
+    for name in ("dated-1", "dated-2"):
+        prune_builder_cache()
+        ref = f"{REPO}:{name}"
+        build_tagged(engine, context, ref, made)
+        layouts.append(oci.export_layout(engine, ref, builds.tmp / name, cache=builds.cache))
+    one, two = layouts
+    assert one.diff_ids[:-1] == two.diff_ids[:-1] == builds.a.layout.diff_ids
+    assert one.diff_ids[-1] != two.diff_ids[-1] and one.manifest_digest != two.manifest_digest
+    code, report = run_cli(["diff", f"oci:{one.path}", f"oci:{two.path}"], monkeypatch, capsys)
+    assert code == 1 and report["total"] == 1
+    assert [(d["path"], d["differs"]) for d in report["differences"]] == [("/opt/stamp", ["content"])]
+
+
+def test_a_changed_installed_file_fails_verify(engine, builds, made, monkeypatch, capsys):
+    target = f"{site_packages(read_lock(builds.lock))}/deep_gemm/__init__.py"
+    context = builds.tmp / "tampered"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {builds.a.ref}\nRUN echo '# changed' >> {target}\n")
+    ref = f"{REPO}:tampered"
+    build_tagged(engine, context, ref, made)
+    code, report = run_cli(["verify", ref, "--lock", str(builds.lock)], monkeypatch, capsys)
+    assert code == 1 and not report["ok"]
+    assert [(m["what"], m["subject"]) for m in report["mismatches"]] == [("file", target)]
+
+
+@pytest.mark.skipif(not shutil.which("buildah"), reason="needs buildah (apt-get install -y buildah)")
+def test_buildah_builds_the_same_context_and_it_verifies(builds, tmp_path):
+    from imagebuild.engine.buildah import BuildahEngine
+    buildah = BuildahEngine()
+    recipe, lock = load_recipe(RECIPE), read_lock(builds.lock)
+    had_base = buildah.image_exists(lock.base.image_ref)
+    ensure_base_image(lock.base, recipe.base, buildah)
+    ref = f"localhost/{REPO}:buildah"
+    try:
+        image_id, seconds = build_tagged(buildah, builds.tmp / "context-a", ref, [])
+        report = smoke(ref, buildah, gpus=False)
+        assert report.ok, report.report
+        layout = oci.export_layout(buildah, ref, tmp_path / "layout", cache=False)
+        same = [i for i, (x, y) in enumerate(zip(layout.diff_ids, builds.a.layout.diff_ids)) if x == y]
+        print(f"\nREPRO buildah: built in {seconds:.1f} s, manifest {layout.manifest_digest}; "
+              f"layers equal to docker's: {same} of {len(layout.diff_ids)}")
+        from imagebuild.verify import verify_image
+        verified = verify_image(buildah, f"oci:{layout.path}", builds.lock)
+        assert verified.ok, verified.mismatches
+    finally:
+        buildah.remove(ref)
+        if not had_base:
+            buildah.remove(lock.base.image_ref)
+
+
+@pytest.mark.skipif(not shutil.which("buildah"), reason="needs buildah (apt-get install -y buildah)")
+def test_buildah_engine_contract_on_a_tiny_image(tmp_path):
+    import tarfile
+    from imagebuild.engine.buildah import BuildahEngine
+    buildah = BuildahEngine()
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx/Dockerfile").write_text("FROM scratch\nCOPY a /etc/a\nLABEL x=1\n")
+    (tmp_path / "ctx/a").write_text("hi\n")
+    ref = f"localhost/{REPO}:tiny"
+    image_id = buildah.build(tmp_path / "ctx")
+    buildah.tag(image_id, ref)
+    try:
+        info = buildah.inspect(ref)
+        assert info.id == image_id and info.labels["x"] == "1" and len(info.diff_ids) == 1
+        with buildah.export_rootfs(ref) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+            assert {m.name: m.mtime for m in tar} == {"etc": oci.REPRO_EPOCH, "etc/a": oci.REPRO_EPOCH}
+        layout = oci.export_layout(buildah, ref, tmp_path / "layout", cache=False)
+        assert oci.read_layout(layout.path).config["config"]["Labels"]["x"] == "1"
+    finally:
+        buildah.remove(ref)
+    assert buildah.inspect(ref) is None
