@@ -91,6 +91,14 @@ def size_breakdown(image: str) -> dict[str, int]:
     return json.loads(done.stdout)
 
 
+class _Results(dict):
+    """Each measurement is printed as it lands: a run that dies late still leaves its numbers."""
+
+    def __setitem__(self, key: str, value: float) -> None:
+        super().__setitem__(key, value)
+        print(f"  .. {key} = {value:.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--skip-naive", action="store_true")
@@ -98,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     engine = DockerEngine()
     ca = pipeline.ca_bundle()
-    results: dict[str, float] = {}
+    results = _Results()
 
     with tempfile.TemporaryDirectory(prefix="bench-flagship-") as tmp:
         folder = Path(tmp)

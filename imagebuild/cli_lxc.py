@@ -1,4 +1,4 @@
-"""`imagebuild export-lxc` and `imagebuild lxc-config`: a thin layer over imagebuild.lxc.
+"""`imagebuild export-lxc` and `imagebuild lxc-config`: a thin layer over imagebuild.lxc and lxc_gpu.
 
 cli.py's extension hook calls add_commands(command); each handler is fn(args, out, err) -> exit code.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from imagebuild import lxc
+from imagebuild import lxc, lxc_gpu
 from imagebuild.errors import EXIT_OK
 
 
@@ -95,13 +95,13 @@ def export_lxc(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def lxc_config(args: argparse.Namespace, out: Console, err: Console) -> int:
-    config = lxc.gpu_passthrough(args.gpus, args.root)
+    config = lxc_gpu.gpu_passthrough(args.gpus, args.root)
     libraries = None
     if args.image:
         from imagebuild.engine import default_engine
-        libraries = lxc.image_driver_libraries(default_engine("docker"), args.image)
+        libraries = lxc_gpu.image_driver_libraries(default_engine("docker"), args.image)
         if libraries:
-            raise lxc.DriverInImage(
+            raise lxc_gpu.DriverInImage(
                 f"{args.image} carries {', '.join(libraries)}: a container must use the host's own "
                 "driver library, which Proxmox's mount entries cannot replace; remove it from the image "
                 "(a link-time stub under …/stubs/ is fine)")

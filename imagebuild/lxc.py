@@ -1,5 +1,5 @@
-"""Publish to Proxmox: an image as an LXC rootfs template (or an OCI archive), and the container
-config lines that pass NVIDIA GPUs through.
+"""Publish to Proxmox: an image as an LXC rootfs template (or an OCI archive). The container config
+lines that pass NVIDIA GPUs through are lxc_gpu.py's.
 
     engine export stream ──filter (owners, /dev, init, env)──▶ zstd -T0 ──▶ .NAME.partial ──rename──▶ NAME
 
@@ -50,25 +50,7 @@ ENV_SCRIPT = "etc/profile.d/imagebuild.sh"
 COMMAND_FILE = "etc/imagebuild/command"
 BASHRC_HOOK = (b"# imagebuild: the image's environment for interactive shells (pct enter)\n"
                b"[ -r /etc/profile.d/imagebuild.sh ] && . /etc/profile.d/imagebuild.sh\n")
-INIT_SHIM = """#!/bin/sh
-# PID 1 of a Proxmox container made by `imagebuild export-lxc` from an image without an init
-# (docs/proxmox.md): the image's environment, /dev/shm, ifupdown networking when the image has it,
-# then the image's command with the console as stdin. Stop signals go on to the command; the
-# container ends when the command does. With no command it idles until stopped.
-. /etc/profile.d/imagebuild.sh
-mountpoint -q /dev/shm 2>/dev/null ||
-  { mkdir -p /dev/shm && mount -t tmpfs -o nosuid,nodev,mode=1777 shm /dev/shm; } 2>/dev/null
-if command -v ifup >/dev/null 2>&1 && [ -f /etc/network/interfaces ]; then ifup -a; fi
-set --
-. /etc/imagebuild/command
-[ "$#" -gt 0 ] || set -- sleep infinity
-"$@" <&0 &
-child=$!
-trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP PWR
-wait "$child"; status=$?
-while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done
-exit "$status"
-"""
+INIT_SHIM_FILE = Path(__file__).parent / "data" / "lxc-init.sh"  # /sbin/init when the image has none
 _PAX_OWN_KEYS = {"path", "linkpath", "size", "uid", "gid", "uname", "gname", "mtime", "atime",
                  "ctime", "charset", "comment", "hdrcharset"}
 _TYPES = {tarfile.REGTYPE: tarfile.REGTYPE, tarfile.AREGTYPE: tarfile.REGTYPE,
@@ -99,14 +81,6 @@ class NotAProxmoxOs(TemplateError):
 
 class UnreadableRootfs(TemplateError):
     exit_code = EXIT_FAILED
-
-
-class DriverInImage(ImagebuildError):
-    exit_code = EXIT_FAILED
-
-
-class NoGpuDevices(ImagebuildError):
-    """The host tree lacks what passthrough needs (the driver or nvidia-uvm is not loaded)."""
 
 
 # ---------------------------------------------------------------- values
@@ -395,7 +369,7 @@ def filter_rootfs(source: BinaryIO, sink: BinaryIO, plan: TemplatePlan = Templat
     summary.init = "image" if has_init and plan.init != "shim" else "shim"
     additions = dict(replaced) | appended
     if summary.init == "shim":
-        additions[INIT] = INIT_SHIM.encode()
+        additions[INIT] = INIT_SHIM_FILE.read_bytes()
     else:
         del additions[COMMAND_FILE]
     for path, data in sorted(additions.items()):
@@ -607,6 +581,14 @@ def rootfs_stream(engine, image_id: str) -> Iterator[BinaryIO]:
         yield stream
 
 
+def rootfs_members(stream: BinaryIO) -> Iterator[tuple[str, tarfile.TarInfo]]:
+    """Each entry of a rootfs tar stream as (clean path, header); file contents are skipped."""
+    reading = _Reading(stream)
+    for member in reading.members():
+        yield _clean(member.name), member
+        _skip(reading, member)
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -719,102 +701,3 @@ def _tar_folder(folder: Path, path: Path, epoch: int) -> None:
                         tar.addfile(info, handle)
                 else:
                     tar.addfile(info)
-
-
-# ---------------------------------------------------------------- GPU passthrough
-
-NVIDIA_MAJOR = 195  # nvidia0..N, nvidiactl (255) and nvidia-modeset (254); fixed by the driver
-CONTROL_DEVICES = (("nvidiactl", "file"), ("nvidia-uvm", "file"), ("nvidia-uvm-tools", "file"),
-                   ("nvidia-modeset", "file"), ("nvidia-caps", "dir"))
-
-
-@dataclass
-class GpuPassthrough:
-    gpus: tuple[int, ...]
-    uvm_major: int
-    caps_major: int | None
-    lines: tuple[str, ...]
-    warnings: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def parse_proc_devices(text) -> dict[str, int]:
-    """Character devices in /proc/devices as name -> major; anything unreadable is skipped."""
-    devices: dict[str, int] = {}
-    section = None
-    for line in str(text).splitlines():
-        stripped = line.strip()
-        if stripped.endswith("devices:"):
-            section = stripped.split()[0].lower()
-            continue
-        fields = stripped.split(None, 1)
-        if section == "character" and len(fields) == 2 and fields[0].isascii() and fields[0].isdigit():
-            devices.setdefault(fields[1].strip(), int(fields[0]))
-    return devices
-
-
-def parse_gpus(spec: str) -> tuple[int, ...] | None:
-    """`all` -> None; `0,1` -> (0, 1)."""
-    if spec.strip() == "all":
-        return None
-    try:
-        gpus = tuple(int(part) for part in spec.split(","))
-    except ValueError:
-        raise NoGpuDevices(f"--gpus {spec!r}: give `all` or GPU numbers like 0,1") from None
-    if not gpus or any(gpu < 0 for gpu in gpus) or len(set(gpus)) != len(gpus):
-        raise NoGpuDevices(f"--gpus {spec!r}: give `all` or distinct GPU numbers like 0,1")
-    return gpus
-
-
-def gpu_passthrough(spec: str = "all", root: Path = Path("/")) -> GpuPassthrough:
-    """Container config lines passing the host's NVIDIA devices through, read from root/proc/devices
-    and root/dev (the nvidia-uvm major differs from host to host)."""
-    root = Path(root)
-    try:
-        devices = parse_proc_devices((root / "proc/devices").read_text(errors="replace"))
-    except OSError as err:
-        raise NoGpuDevices(f"cannot read {root / 'proc/devices'}: {err.strerror}") from None
-    if "nvidia-uvm" not in devices:
-        raise NoGpuDevices(f"{root / 'proc/devices'} lists no nvidia-uvm: load the driver's modules "
-                           "on the host (`modprobe nvidia-uvm`, or run nvidia-smi once)")
-    present = sorted(int(p.name[6:]) for p in (root / "dev").glob("nvidia[0-9]*") if p.name[6:].isdigit())
-    wanted = parse_gpus(spec)
-    if wanted is None:
-        if not present:
-            raise NoGpuDevices(f"no {root / 'dev'}/nvidiaN: is the NVIDIA driver loaded on this host?")
-        wanted = tuple(present)
-    missing = [gpu for gpu in wanted if gpu not in present]
-    if missing:
-        raise NoGpuDevices(f"no {', '.join(f'/dev/nvidia{g}' for g in missing)} on this host (it has "
-                           f"{', '.join(f'nvidia{g}' for g in present) or 'none'})")
-    warnings = []
-    if not any(devices.get(name) == NVIDIA_MAJOR for name in ("nvidia", "nvidia-frontend", "nvidiactl")):
-        warnings.append(f"{root / 'proc/devices'} shows no NVIDIA driver on major {NVIDIA_MAJOR}")
-    uvm, caps = devices["nvidia-uvm"], devices.get("nvidia-caps")
-    lines = [f"lxc.cgroup2.devices.allow: c {NVIDIA_MAJOR}:* rwm",
-             f"lxc.cgroup2.devices.allow: c {uvm}:* rwm"]
-    if caps is not None:
-        lines.append(f"lxc.cgroup2.devices.allow: c {caps}:* rwm")
-    nodes = [(f"nvidia{gpu}", "file") for gpu in wanted] + list(CONTROL_DEVICES)
-    for node, kind in nodes:
-        lines.append(f"lxc.mount.entry: /dev/{node} dev/{node} none bind,optional,create={kind}")
-        if not (root / "dev" / node).exists():
-            warnings.append(f"/dev/{node} does not exist on this host yet; the entry is optional"
-                            + (" (nvidia-modprobe -u -c=0 creates nvidia-uvm)" if "uvm" in node else ""))
-    return GpuPassthrough(tuple(wanted), uvm, caps, tuple(lines), tuple(warnings))
-
-
-def image_driver_libraries(engine, image: str) -> list[str]:
-    """Paths of libcuda.so* in the image that would shadow the host's driver (stubs aside)."""
-    config = image_config(engine, image)
-    found = []
-    with rootfs_stream(engine, config.id) as stream:
-        reading = _Reading(stream)
-        for member in reading.members():
-            name = _clean(member.name)
-            if not member.isdir() and is_driver_library(name, config.env):
-                found.append("/" + name)
-            _skip(reading, member)
-    return sorted(found)

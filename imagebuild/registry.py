@@ -22,15 +22,17 @@ from imagebuild.bases import cache_dir
 from imagebuild.errors import ImagebuildError, ToolMissing
 from imagebuild.oci import LayoutError
 from imagebuild.registry_auth import (
-    RETRY_ERRORS,
-    RETRY_STATUS,
     AuthFailed,
     Credentials,
+    RegistryError,
+    parse_upload_range,
+)
+from imagebuild.registry_client import (
+    RETRY_ERRORS,
+    RETRY_STATUS,
     Progress,
     RegistryClient,
-    RegistryError,
     describe,
-    parse_upload_range,
     with_query,
 )
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from imagebuild import cli, lxc
+from imagebuild import cli, lxc, lxc_gpu
 from imagebuild.errors import ToolMissing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,7 +269,7 @@ def test_damaged_tar_streams_give_a_template_error_never_a_traceback(members, fl
 
 @given(st.text(max_size=2000))
 def test_proc_devices_parser_never_raises(text):
-    devices = lxc.parse_proc_devices(text)
+    devices = lxc_gpu.parse_proc_devices(text)
     assert all(isinstance(k, str) and isinstance(v, int) for k, v in devices.items())
 
 
@@ -377,7 +377,7 @@ def fake_host(tmp_path, gpus=(0, 1), devices=FAKE_PROC_DEVICES, nodes=("nvidiact
 
 
 def test_fake_host_all_gpus(tmp_path):
-    config = lxc.gpu_passthrough("all", fake_host(tmp_path, gpus=(0, 1, 2)))
+    config = lxc_gpu.gpu_passthrough("all", fake_host(tmp_path, gpus=(0, 1, 2)))
     assert config.gpus == (0, 1, 2) and config.uvm_major == 507 and config.caps_major == 506
     assert config.lines == (
         "lxc.cgroup2.devices.allow: c 195:* rwm",
@@ -395,41 +395,41 @@ def test_fake_host_all_gpus(tmp_path):
 
 
 def test_fake_host_the_gpus_asked_for_only(tmp_path):
-    config = lxc.gpu_passthrough("1,3", fake_host(tmp_path, gpus=(0, 1, 2, 3)))
+    config = lxc_gpu.gpu_passthrough("1,3", fake_host(tmp_path, gpus=(0, 1, 2, 3)))
     mounted = [line.split()[1] for line in config.lines if line.startswith("lxc.mount.entry")]
     assert mounted[:2] == ["/dev/nvidia1", "/dev/nvidia3"] and "/dev/nvidia0" not in mounted
 
 
 def test_fake_host_uvm_major_is_read_not_assumed(tmp_path):
     devices = FAKE_PROC_DEVICES.replace("507 nvidia-uvm", "238 nvidia-uvm").replace("506 nvidia-caps\n", "")
-    config = lxc.gpu_passthrough("0", fake_host(tmp_path, devices=devices))
+    config = lxc_gpu.gpu_passthrough("0", fake_host(tmp_path, devices=devices))
     assert "lxc.cgroup2.devices.allow: c 238:* rwm" in config.lines and config.caps_major is None
     assert sum(line.startswith("lxc.cgroup2") for line in config.lines) == 2
 
 
 def test_fake_host_errors_say_what_is_missing(tmp_path):
-    with pytest.raises(lxc.NoGpuDevices, match=r"no /dev/nvidia2 on this host \(it has nvidia0, nvidia1\)"):
-        lxc.gpu_passthrough("0,2", fake_host(tmp_path))
+    with pytest.raises(lxc_gpu.NoGpuDevices, match=r"no /dev/nvidia2 on this host \(it has nvidia0, nvidia1\)"):
+        lxc_gpu.gpu_passthrough("0,2", fake_host(tmp_path))
     no_uvm = fake_host(tmp_path / "b", devices=FAKE_PROC_DEVICES.replace("507 nvidia-uvm\n", ""))
-    with pytest.raises(lxc.NoGpuDevices, match="modprobe nvidia-uvm"):
-        lxc.gpu_passthrough("all", no_uvm)
-    with pytest.raises(lxc.NoGpuDevices, match="is the NVIDIA driver loaded"):
-        lxc.gpu_passthrough("all", fake_host(tmp_path / "c", gpus=()))
-    with pytest.raises(lxc.NoGpuDevices, match="cannot read"):
-        lxc.gpu_passthrough("all", tmp_path / "nowhere")
+    with pytest.raises(lxc_gpu.NoGpuDevices, match="modprobe nvidia-uvm"):
+        lxc_gpu.gpu_passthrough("all", no_uvm)
+    with pytest.raises(lxc_gpu.NoGpuDevices, match="is the NVIDIA driver loaded"):
+        lxc_gpu.gpu_passthrough("all", fake_host(tmp_path / "c", gpus=()))
+    with pytest.raises(lxc_gpu.NoGpuDevices, match="cannot read"):
+        lxc_gpu.gpu_passthrough("all", tmp_path / "nowhere")
     for bad in ("", "x", "0,0", "-1", "1,,2"):
-        with pytest.raises(lxc.NoGpuDevices, match="--gpus"):
-            lxc.parse_gpus(bad)
+        with pytest.raises(lxc_gpu.NoGpuDevices, match="--gpus"):
+            lxc_gpu.parse_gpus(bad)
 
 
 def test_fake_host_missing_nodes_are_warnings(tmp_path):
-    config = lxc.gpu_passthrough("all", fake_host(tmp_path, nodes=("nvidiactl",)))
+    config = lxc_gpu.gpu_passthrough("all", fake_host(tmp_path, nodes=("nvidiactl",)))
     assert any("nvidia-uvm does not exist" in w and "nvidia-modprobe" in w for w in config.warnings)
     assert any("lxc.mount.entry: /dev/nvidia-uvm " in line for line in config.lines)
 
 
 def test_proc_devices_parser_reads_character_devices_only():
-    devices = lxc.parse_proc_devices(FAKE_PROC_DEVICES + "Character devices:\n 9 late\n")
+    devices = lxc_gpu.parse_proc_devices(FAKE_PROC_DEVICES + "Character devices:\n 9 late\n")
     assert devices["nvidia-uvm"] == 507 and devices["nvidiactl"] == 195 and devices["late"] == 9
     assert "loop" not in devices and "sd" not in devices
 

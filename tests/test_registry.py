@@ -25,7 +25,6 @@ from imagebuild.registry_auth import (
     Challenge,
     Credentials,
     CredentialsError,
-    RegistryUnreachable,
     find_credentials,
     parse_docker_config,
     parse_upload_range,
@@ -33,6 +32,7 @@ from imagebuild.registry_auth import (
     read_token,
     registry_key,
 )
+from imagebuild.registry_client import RegistryUnreachable
 
 sys.path.insert(0, str(Path(__file__).parent))
 import registry_server
