@@ -1,9 +1,10 @@
 """`imagebuild doctor`: the image probe's doctor mode, pointed at a live host, a venv or an image.
 
-The probe (probe.py, stdlib only) gathers facts and makes the findings that need nothing else; it runs
-under the interpreter in question, or in a throwaway container of an image. This module runs it there
-and adds the rules that read imagebuild/data/compat.toml (compat.py) over the facts it reports: the
-newest CUDA the driver runs, glibc against nvcc, and whether nvcc and ptxas can target the GPU.
+The probe (imagebuild/probe/, stdlib only) gathers facts and makes the findings that need nothing
+else; it runs under the interpreter in question, or in a throwaway container of an image, shipped
+there as its zipapp inside the command line (probe/bundle.py). This module runs it there and adds
+the rules that read imagebuild/data/compat.toml (compat.py) over the facts it reports: the newest
+CUDA the driver runs, glibc against nvcc, and whether nvcc and ptxas can target the GPU.
 
     diagnose(python=None)            the host: python3 on PATH, or the interpreter given
     diagnose_image(image, engine)    the same probe inside a container of the image
@@ -25,15 +26,16 @@ from imagebuild import compat, probe
 from imagebuild.cuda import CudaVersion, parse_driver
 from imagebuild.engine import Engine
 from imagebuild.errors import ImagebuildError, ToolMissing
+from imagebuild.probe import bundle
 
-PROBE_FILE = Path(probe.__file__)
 APPLY_PATCH = Path(__file__).parent / "apply_patch.py"
 FLASHINFER_PATCH = Path(__file__).parent.parent / "recipes" / "patches" / "flashinfer-cuda-version.patch"
 PROBE_TIMEOUT_S = 120
-# One argv string may hold at most 128 KiB on Linux (MAX_ARG_STRLEN): the probe travels as `python -c`.
-MAX_INLINE_SOURCE = 120_000
-_FIND_PYTHON = ('for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -c "$1" --doctor; '
-                'fi; done; echo "imagebuild doctor: no python3 or python on PATH in this image" >&2; exit 127')
+# One argv string may hold at most 128 KiB on Linux (MAX_ARG_STRLEN): the zipapp travels as one argument.
+MAX_INLINE_PAYLOAD = 120_000
+_FIND_PYTHON = ('for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -c "$1" "$2" '
+                '--doctor; fi; done; echo "imagebuild doctor: no python3 or python on PATH in this image" >&2; '
+                'exit 127')
 
 
 class DoctorFailed(ImagebuildError):
@@ -81,7 +83,8 @@ def diagnose(python: str | None = None, *, env: Mapping[str, str] | None = None,
     interpreter = python or shutil.which("python3", path=path) or shutil.which("python", path=path)
     if interpreter is None:
         raise ToolMissing("no python3 or python on PATH: give the interpreter to diagnose with --python PATH")
-    argv = [interpreter, str(PROBE_FILE), "--doctor"] + (["--driver-file", str(driver_file)] if driver_file else [])
+    argv = [interpreter, "-c", bundle.BOOTSTRAP, inline_probe(), "--doctor"]
+    argv += ["--driver-file", str(driver_file)] if driver_file else []
     try:
         done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, check=False)
     except FileNotFoundError:
@@ -105,11 +108,10 @@ def diagnose_image(image: str, engine: Engine, *, python: str | None = None, env
     engine.check()
     if engine.inspect(image) is None:
         raise DoctorFailed(f"no image {image!r} in the {engine.name} engine")
-    source = PROBE_FILE.read_text(encoding="utf-8")
-    if len(source.encode()) > MAX_INLINE_SOURCE:
-        raise DoctorFailed(f"{PROBE_FILE} has grown past {MAX_INLINE_SOURCE} bytes and no longer fits one argument")
+    payload = inline_probe()
     changes = [f"-u{key}" for key in unset] + [f"{key}={value}" for key, value in (env or {}).items()]
-    run = [python, "-c", source, "--doctor"] if python else ["sh", "-c", _FIND_PYTHON, "sh", source]
+    run = [python, "-c", bundle.BOOTSTRAP, payload, "--doctor"] if python else \
+        ["sh", "-c", _FIND_PYTHON, "sh", bundle.BOOTSTRAP, payload]
     command = (["env", *changes] if changes else []) + run
     gpus = os.path.exists("/dev/nvidiactl") if gpus is None else gpus
     result = engine.run(image, command, network=False, gpus=gpus, timeout=timeout)
@@ -118,6 +120,15 @@ def diagnose_image(image: str, engine: Engine, *, python: str | None = None, env
     raw = _report(result.stdout, result.exit_code, result.stderr, f"in {image}")
     return _finish(raw, f"image {image}", raw.get("host", {}).get("executable") or python or "python3",
                    time.monotonic() - started)
+
+
+def inline_probe() -> str:
+    """The probe's zipapp as the one argument bundle.BOOTSTRAP unpacks."""
+    payload = bundle.inline_payload()
+    if len(payload) > MAX_INLINE_PAYLOAD:
+        raise DoctorFailed(f"the probe's zipapp has grown past {MAX_INLINE_PAYLOAD} bytes (compressed, base64) "
+                           "and no longer fits one argument")
+    return payload
 
 
 def _report(stdout: str, status: int, stderr: str, where: str) -> dict:

@@ -22,7 +22,7 @@ from imagebuild.recipe import DebianBase, Recipe, load_recipe
 from imagebuild.render import render_context
 
 Progress = Callable[[str], None]
-PROBE_COMMAND = ("python", "/opt/imagebuild/probe.py", "--expect", "/opt/imagebuild/expect.json")
+PROBE_COMMAND = ("python", "/opt/imagebuild/probe.pyz", "--expect", "/opt/imagebuild/expect.json")
 # Where users behind a TLS-intercepting proxy keep the roots that proxy signs with (Debian's path).
 DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 

@@ -20,11 +20,11 @@ from imagebuild import __version__
 from imagebuild.errors import RecipeError
 from imagebuild.layers import LAYER_ORDER
 from imagebuild.lock import Lock, template_path
+from imagebuild.probe import bundle
 from imagebuild.recipe import Recipe
 
 VENV = "/opt/venv"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-PROBE_SOURCE = Path(__file__).resolve().parent / "probe.py"
 PATCHER_SOURCE = Path(__file__).resolve().parent / "apply_patch.py"
 LABEL_PREFIX = "io.imagebuild"
 
@@ -140,7 +140,7 @@ def labels(lock: Lock, recipe: Recipe) -> dict[str, str]:
 
 
 def expectations(lock: Lock, imports: tuple[str, ...] = ()) -> dict:
-    """What the in-image probe checks the image against (probe.py reads this file)."""
+    """What the in-image probe checks the image against (imagebuild/probe/expect.py reads this file)."""
     home = cuda_home(lock)
     cuda = dict(lock.cuda, home=home) if lock.cuda and home else None
     deep_gemm = any(name in lock.packages for name in ("sgl-deep-gemm", "deep-gemm"))
@@ -209,7 +209,7 @@ def render_context(lock: Lock, recipe: Recipe, out_dir: Path, *, uv_path: str | 
             (staging / "requirements" / layer.file).write_text("\n".join(layer.lines) + "\n")
         meta = staging / "imagebuild"
         meta.mkdir()
-        shutil.copyfile(PROBE_SOURCE, meta / "probe.py")
+        bundle.write_zipapp(meta / "probe.pyz")
         (meta / "expect.json").write_text(json.dumps(values.expect, indent=2, sort_keys=True) + "\n")
         (meta / "lock.json").write_text(lock_text if lock_text is not None else lock.to_json())
         if lock.patches:

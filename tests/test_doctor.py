@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from imagebuild import cli, compat, doctor, probe
 from imagebuild.errors import EXIT_FAILED, EXIT_OK
+from imagebuild.probe import bundle
 
 REPO = Path(__file__).resolve().parent.parent
 UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
@@ -414,10 +415,10 @@ def test_doctor_probe_runs_under_python_3_9(envs, tmp_path):
     assert report.facts["stack"]["prefix"] == str(envs.healthy.root)
 
 
-def test_doctor_probe_runs_from_its_source_alone(tmp_path):
-    """How --image runs it: `python -c SOURCE --doctor`, with no __file__ and no imagebuild installed."""
-    done = subprocess.run([sys.executable, "-c", Path(probe.__file__).read_text(), "--doctor"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, check=False)
+def test_doctor_probe_runs_from_its_inline_zipapp_alone(tmp_path):
+    """How --image runs it: `python -c BOOTSTRAP PAYLOAD --doctor`, with no file of imagebuild's there."""
+    done = subprocess.run([sys.executable, "-c", bundle.BOOTSTRAP, bundle.inline_payload(), "--doctor"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     report = json.loads(done.stdout)
     assert report["mode"] == "doctor" and done.returncode == (0 if report["ok"] else 1)
 

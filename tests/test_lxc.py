@@ -22,11 +22,13 @@ from hypothesis import strategies as st
 
 from imagebuild import cli, lxc, lxc_gpu
 from imagebuild.errors import ToolMissing
+from imagebuild.pipeline import PROBE_COMMAND
+
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLCHAIN_RECIPE = ROOT / "recipes" / "cuda-toolchain.toml"
 TOOLCHAIN_IMAGE = "imagebuild/cuda-toolchain:13.0"
-PROBE = "python /opt/imagebuild/probe.py --expect /opt/imagebuild/expect.json"
+PROBE = " ".join(PROBE_COMMAND)  # the smoke test's own command
 SHIFT = 100000  # pve-container's default map for unprivileged containers: u:0:100000:65536
 # pve-container's extraction: src/PVE/LXC/Create.pm plus PVE::Storage::Plugin::COMMON_TAR_FLAGS.
 PROXMOX_TAR = ["tar", "xpf", "-", "--totals", "--one-file-system", "-p", "--sparse", "--numeric-owner",

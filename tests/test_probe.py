@@ -12,6 +12,8 @@ import shutil
 import struct
 import subprocess
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,8 +22,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from imagebuild import probe
+from imagebuild.probe import bundle
 
-PROBE = Path(probe.__file__)
+# The zipapp, as images carry it (/opt/imagebuild/probe.pyz): the CLI tests below run this file.
+_BUILT = tempfile.TemporaryDirectory(prefix="imagebuild-probe-test-")
+PROBE = bundle.write_zipapp(Path(_BUILT.name) / "probe.pyz")
 CUDA_WHEELS = ["cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.3.0", "sgl-deep-gemm==0.2.3.post2"]
 # What those two pins resolve to (FACTS.md, PyPI CUDA toolchain wheels): the lock the probe checks.
 LOCKED = {
@@ -182,15 +187,49 @@ def test_expect_validation_never_raises(raw):
 
 # ---- checks and CLI on this host, without the CUDA venv ----
 
-def test_probe_is_stdlib_only():
-    tree = ast.parse(PROBE.read_text(), feature_version=(3, 9))
+def test_probe_is_stdlib_only_and_imports_itself_relatively():
     imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
+    for path in sorted(Path(probe.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), feature_version=(3, 9))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:  # level > 0: a sibling module
+                imported.add((node.module or "").split(".")[0])
     assert imported - {"__future__"} <= set(sys.stdlib_module_names)
+
+
+def test_zipapp_bytes_depend_on_the_source_alone(tmp_path):
+    """Same source, other file times and modes: the same bytes (the image layer stays reproducible)."""
+    copy = tmp_path / "probe"
+    copy.mkdir()
+    for path in Path(bundle.SOURCE).glob("*.py"):
+        (copy / path.name).write_bytes(path.read_bytes())
+        (copy / path.name).chmod(0o600)
+        os.utime(copy / path.name, (1_800_000_000, 1_800_000_000))
+    built = bundle.zipapp_bytes()
+    assert built == bundle.zipapp_bytes(str(copy)) == PROBE.read_bytes()
+    with zipfile.ZipFile(PROBE) as archive:
+        entries = archive.infolist()
+    names = [entry.filename for entry in entries]
+    assert names[0] == "__main__.py" and names[1:] == sorted(names[1:])
+    assert f"{bundle.PACKAGE}/cli.py" in names and f"{bundle.PACKAGE}/__init__.py" in names
+    assert {entry.date_time for entry in entries} == {bundle.ZIP_EPOCH}
+    assert {entry.compress_type for entry in entries} == {zipfile.ZIP_STORED}
+
+
+def test_bootstrap_runs_the_inline_zipapp_without_a_file_of_ours(tmp_path):
+    """How doctor ships it to another interpreter: `python -c BOOTSTRAP PAYLOAD ARGS`; a module in the
+    working folder named like a stdlib one does not shadow it, and the temporary zip is removed."""
+    for name in ("json", "zlib"):
+        (tmp_path / f"{name}.py").write_text("raise SystemExit('shadowed')\n")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch))
+    done = subprocess.run([sys.executable, "-c", bundle.BOOTSTRAP, bundle.inline_payload(), "--expect",
+                           str(tmp_path / "absent.json")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2 and "cannot read" in json.loads(done.stdout)["checks"][0]["detail"]
+    assert list(scratch.iterdir()) == []
 
 
 def fake_toolkit(root: Path, release: str = "13.0", lib64: bool = True) -> Path:

@@ -16,6 +16,7 @@ from imagebuild.cuda import Arch, CudaVersion
 from imagebuild.errors import RecipeError
 from imagebuild.lock import LockedPatch, LockedWheel, parse_pylock
 from imagebuild.layers import LayerPlan
+from imagebuild.probe import bundle
 from imagebuild.recipe import CudaSpec, DebianBase, Patch, PythonSpec, Recipe
 from imagebuild.render import docker_quote, render_context, render_dockerfile, render_values
 from tests.test_lock import FIXTURES, _lock
@@ -117,11 +118,14 @@ def test_context_holds_hashed_requirements_probe_and_lock(tmp_path):
     lock = _lock()
     out = render_context(lock, _recipe(tmp_path), tmp_path / "ctx", uv_path=None)
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert files == ["Dockerfile", "imagebuild/expect.json", "imagebuild/lock.json", "imagebuild/probe.py",
+    assert files == ["Dockerfile", "imagebuild/expect.json", "imagebuild/lock.json", "imagebuild/probe.pyz",
                      "requirements/1-framework.txt", "requirements/2-kernels.txt"]
+    probe_bytes = (out / "imagebuild/probe.pyz").read_bytes()
+    assert probe_bytes == bundle.zipapp_bytes() and probe_bytes.startswith(b"PK")
     for line in (out / "requirements/1-framework.txt").read_text().splitlines():
         assert " --hash=sha256:" in line and "==" in line
     assert json.loads((out / "imagebuild/lock.json").read_text()) == json.loads(lock.to_json())
     # Rendering again replaces the folder whole, leaving no staging folder behind.
     render_context(lock, _recipe(tmp_path), tmp_path / "ctx", uv_path=None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ctx"]
+    assert (out / "imagebuild/probe.pyz").read_bytes() == probe_bytes  # the image layer stays reproducible

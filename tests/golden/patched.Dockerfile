@@ -11,7 +11,7 @@ ENV VIRTUAL_ENV="/opt/venv" \
 
 # The virtual environment holds every locked wheel; no pip inside, nothing resolved here.
 RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
-    uv venv --quiet --python /usr/bin/python3 /opt/venv
+    uv venv --quiet --no-cache --python /usr/bin/python3 /opt/venv
 
 # Layer 1/3: framework (6 wheels, 104 MB of wheels)
 COPY requirements/1-framework.txt /opt/imagebuild/requirements/1-framework.txt
@@ -53,7 +53,7 @@ RUN /opt/venv/bin/python /opt/imagebuild/apply_patch.py --strip 1 \
 ENV DG_JIT_CACHE_DIR="/var/cache/deep_gemm"
 
 # The smoke probe and what it checks against: the image carries its own lock.
-COPY imagebuild/probe.py imagebuild/expect.json imagebuild/lock.json /opt/imagebuild/
+COPY imagebuild/probe.pyz imagebuild/expect.json imagebuild/lock.json /opt/imagebuild/
 
 LABEL "io.imagebuild.base"="imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee" \
     "io.imagebuild.cuda"="13.0" \

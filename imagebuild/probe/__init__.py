@@ -1,0 +1,51 @@
+"""Check a built image, or a live host, against what its lock expects.
+
+Stdlib only, Python >= 3.9, and its modules import one another only relatively: the renderer packs
+this package into every image as one zipapp, /opt/imagebuild/probe.pyz (bundle.py), the smoke stage
+runs it there, and `imagebuild doctor` ships the same zipapp to a host interpreter or a container.
+Each check is a small function returning a plain dict.
+
+    report.py         statuses, the check / finding / report dicts
+    system.py         readers of the running system, and the text helpers they share
+    expect.py         expect.json, the renderer's promise the checks hold the image to
+    toolchain.py      checks: interpreter, packages, cuda-toolchain, cuda-home
+    deep_gemm.py      check: deep-gemm-sm120 (kernels compiled the way deep_gemm's JIT would)
+    stack.py          checks: imports, torch-cuda, flashinfer-dynamo, gpu
+    cli.py            run_probe and the command line (--expect, or --doctor)
+    doctor.py         doctor mode: gather the facts, make the findings
+      environments.py   interpreters and venvs, and which one holds the ML stack
+      gpus.py           driver, GPUs, the archs torch carries
+      consumers.py      CUDA toolkits in sight and which one each consumer uses; JIT caches
+      findings_cuda.py  findings on toolkits, CUDA homes and CUDA versions
+      findings_host.py  findings on driver, interpreter, Triton, GPU arch, FlashInfer, caches
+    bundle.py         the zipapp: deterministic bytes, and the bootstrap that ships it inline
+
+The names below are what imagebuild (doctor.py) and the tests use.
+"""
+
+from .cli import main, run_probe
+from .consumers import cuda_version_is_patched
+from .deep_gemm import EM_CUDA, SM120, check_deep_gemm_sm120, parse_cubin_header, scan_strings, select_jit_flags
+from .doctor import run_doctor
+from .environments import parse_dist_dir
+from .expect import load_expect, validate_expect
+from .findings_cuda import CONSUMER_LABELS, CUDA_VERSIONED, finding_cuda_versions
+from .findings_host import finding_gpu_arch
+from .gpus import (arch_number, parse_arch_list, parse_driver_version_file, parse_smi_gpus, parse_torch_version_file,
+                   runs_on)
+from .report import ERROR, FAIL, INFO, PASS, SKIP, WARN, WARNING, make_check, make_finding, make_report, shell_fix
+from .stack import check_flashinfer_dynamo, check_gpu, check_imports, check_torch_cuda
+from .system import canonical_name, major_minor, parse_nvcc_release
+from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter, check_packages
+
+__all__ = [
+    "main", "run_probe", "run_doctor", "load_expect", "validate_expect",
+    "PASS", "FAIL", "SKIP", "WARN", "ERROR", "WARNING", "INFO", "make_check", "make_finding", "make_report",
+    "shell_fix", "canonical_name", "major_minor", "parse_nvcc_release",
+    "check_interpreter", "check_packages", "check_cuda_toolchain", "check_cuda_home",
+    "EM_CUDA", "SM120", "check_deep_gemm_sm120", "parse_cubin_header", "scan_strings", "select_jit_flags",
+    "check_imports", "check_torch_cuda", "check_flashinfer_dynamo", "check_gpu",
+    "parse_dist_dir", "arch_number", "parse_arch_list", "parse_driver_version_file", "parse_smi_gpus",
+    "parse_torch_version_file", "runs_on", "cuda_version_is_patched",
+    "CONSUMER_LABELS", "CUDA_VERSIONED", "finding_cuda_versions", "finding_gpu_arch",
+]

@@ -1,0 +1,70 @@
+"""The probe's command line: run every check against an expect file, or (--doctor) diagnose.
+
+    probe [--expect PATH] [--workdir DIR] [--skip-compile]
+    probe --doctor [--driver-file PATH]
+
+prints one JSON report and exits 0 when no check failed, 1 when one did, and 2 when the expect file
+is unreadable or invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .deep_gemm import check_deep_gemm_sm120
+from .doctor import run_doctor
+from .expect import NO_EXPECTATIONS, load_expect
+from .gpus import DRIVER_VERSION_FILE
+from .report import FAIL, make_check, make_report
+from .stack import check_flashinfer_dynamo, check_gpu, check_imports, check_torch_cuda
+from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter, check_packages
+
+
+def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = False) -> dict:
+    """Run every check; a check that crashes becomes a failed check, never a lost report."""
+    checks = (
+        ("interpreter", lambda: check_interpreter(expect)),
+        ("packages", lambda: check_packages(expect)),
+        ("cuda-toolchain", lambda: check_cuda_toolchain(expect)),
+        ("cuda-home", lambda: check_cuda_home(expect)),
+        ("deep-gemm-sm120", lambda: check_deep_gemm_sm120(expect, workdir, skip_compile)),
+        ("imports", lambda: check_imports(expect, workdir)),
+        ("torch-cuda", lambda: check_torch_cuda(expect)),
+        ("flashinfer-dynamo", lambda: check_flashinfer_dynamo(expect)),
+        ("gpu", check_gpu),
+    )
+    results = []
+    for name, run in checks:
+        try:
+            results.append(run())
+        except Exception as error:
+            results.append(make_check(name, FAIL, f"the probe itself failed: {type(error).__name__}: {error}"))
+    return make_report(results)
+
+
+def main(argv: list | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Check this image or host against its lock, or (--doctor) "
+                                                 "diagnose a live host, venv or container.")
+    parser.add_argument("--expect", help="expect.json written by the renderer")
+    parser.add_argument("--workdir", help="scratch folder for kernel compiles (default: a temporary folder)")
+    parser.add_argument("--skip-compile", action="store_true", help="skip the deep_gemm SM120 compile")
+    parser.add_argument("--doctor", action="store_true", help="diagnose driver, CUDA toolkits, interpreter and "
+                        "the ML stack as they are, without an expect file")
+    parser.add_argument("--driver-file", default=DRIVER_VERSION_FILE,
+                        help=f"the kernel module's version file (default {DRIVER_VERSION_FILE})")
+    args = parser.parse_args(argv)
+    if args.doctor:
+        report = run_doctor(args.driver_file)
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0 if report["ok"] else 1
+    expect = NO_EXPECTATIONS
+    if args.expect:
+        expect, error = load_expect(args.expect)
+        if error:
+            report = make_report([make_check("expect", FAIL, error, path=args.expect)])
+            print(json.dumps(report, indent=2, sort_keys=True))
+            return 2
+    report = run_probe(expect, args.workdir, args.skip_compile)
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 0 if report["ok"] else 1

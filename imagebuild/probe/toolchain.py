@@ -1,0 +1,190 @@
+"""The checks of the interpreter, the locked packages and the CUDA toolchain they bring.
+
+interpreter, packages, cuda-toolchain and cuda-home; inspect_toolkit reads a toolkit folder piece by
+piece, and the doctor reuses it for every toolkit it finds.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import sys
+
+from .report import FAIL, PASS, SKIP, WARN, make_check
+from .system import (cuda_home_by_rule, deep_gemm_cuda_home, installed_distributions, interpreter_prefix,
+                     major_minor, parse_nvcc_release, read_text, run_command, same_path)
+
+TOOLCHAIN_DISTRIBUTIONS = (
+    "nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-nvvm",
+)
+_NVCC_IN_SCRIPT = re.compile(r"(/[^\s'\"]+)/bin/nvcc\b")
+
+
+def check_interpreter(expect: dict) -> dict:
+    """The probe runs under the locked interpreter, in its venv, and `python3`/`python` on PATH are it too."""
+    wanted = expect.get("python") or {}
+    executable = wanted.get("executable")
+    wanted_prefix = os.path.dirname(os.path.dirname(executable)) if executable else sys.prefix
+    in_venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
+    problems = []
+    if executable and not same_path(sys.prefix, wanted_prefix):
+        problems.append(f"running under {sys.executable} (prefix {sys.prefix}), expected {executable}")
+    if not in_venv:
+        problems.append(f"{sys.executable} is not inside a virtual environment")
+    version = wanted.get("version")
+    if version and major_minor(platform.python_version()) != major_minor(version):
+        problems.append(f"Python {platform.python_version()}, expected {version}")
+    on_path = {}
+    for command in ("python3", "python"):
+        found = shutil.which(command)
+        prefix = interpreter_prefix(found) if found else None
+        on_path[command] = {"path": found, "prefix": prefix}
+        if not same_path(prefix, wanted_prefix):
+            where = f"{found} (prefix {prefix})" if found else "missing"
+            problems.append(f"`{command}` on PATH is {where}, not the interpreter at {wanted_prefix}")
+    evidence = {"executable": sys.executable, "prefix": sys.prefix, "in_venv": in_venv,
+                "base_prefix": getattr(sys, "base_prefix", None), "expected": executable, "on_path": on_path}
+    if problems:  # without an expected interpreter, nothing says which one is right: warn only
+        return make_check("interpreter", FAIL if executable else WARN, "; ".join(problems), **evidence)
+    return make_check("interpreter", PASS, f"{sys.executable} in venv {sys.prefix}; python3 and python agree",
+                      **evidence)
+
+
+def check_packages(expect: dict) -> dict:
+    wanted = expect.get("packages") or {}
+    if not wanted:
+        return make_check("packages", SKIP, "no expected packages")
+    installed = installed_distributions()
+    missing = sorted(name for name in wanted if name not in installed)
+    wrong = {name: {"expected": version, "installed": installed[name]}
+             for name, version in sorted(wanted.items())
+             if name in installed and [v.lower() for v in installed[name]] != [version.lower()]}
+    unexpected = {name: versions for name, versions in sorted(installed.items()) if name not in wanted}
+    evidence = {"expected": len(wanted), "installed": len(installed), "missing": missing,
+                "wrong_version": wrong, "unexpected": unexpected}
+    if missing or wrong:
+        parts = ["missing: " + ", ".join(missing)] if missing else []
+        if wrong:
+            parts.append("wrong version: " + ", ".join(f"{name} {'/'.join(found['installed'])} "
+                                                         f"(expected {found['expected']})"
+                                                         for name, found in wrong.items()))
+        return make_check("packages", FAIL, "; ".join(parts), **evidence)
+    if unexpected:
+        return make_check("packages", WARN, f"{len(wanted)} as locked; not in the lock: {', '.join(unexpected)}",
+                          **evidence)
+    return make_check("packages", PASS, f"all {len(wanted)} distributions installed at the locked versions", **evidence)
+
+
+def check_cuda_toolchain(expect: dict) -> dict:
+    cuda = expect.get("cuda")
+    if not cuda:
+        return make_check("cuda-toolchain", SKIP, "no CUDA toolkit expected")
+    toolkit = major_minor(cuda["toolkit"])
+    home = cuda.get("home") or cuda_home_by_rule() or ""
+    found = inspect_toolkit(home)
+    problems = []
+    release = found["release"]
+    if release is None:
+        problems.append(f"{found['nvcc']} --version did not report a release ({found['nvcc_output']})")
+    elif release != toolkit:
+        problems.append(f"nvcc is release {release}, expected {toolkit}")
+    if not found["runtime_header"]:
+        problems.append("include/cuda_runtime.h is missing")
+    if not found["cccl"]:
+        problems.append("CCCL headers (include/cccl or include/nv/target) are missing")
+    if found["lib64"] == "missing":
+        problems.append("lib64 is missing (linking against CUDA looks there)")
+    elif found["lib64"] == "elsewhere":
+        problems.append(f"lib64 resolves to {found['lib64_real']}, not to lib")
+    if not found["libcudart"]:
+        problems.append("lib64/libcudart.so is missing (linking with -lcudart needs it)")
+    installed = installed_distributions()
+    versions = {name: installed[name] for name in TOOLCHAIN_DISTRIBUTIONS if name in installed}
+    for name, found_versions in versions.items():
+        if any(major_minor(version) != toolkit for version in found_versions):
+            problems.append(f"{name} {'/'.join(found_versions)} is not CUDA {toolkit}")
+    evidence = {"home": home, "expected": toolkit, "nvcc_release": release, "distributions": versions}
+    if problems:
+        return make_check("cuda-toolchain", FAIL, "; ".join(problems), **evidence)
+    return make_check("cuda-toolchain", PASS, f"CUDA {toolkit} toolchain complete at {home}", **evidence)
+
+
+def check_cuda_home(expect: dict) -> dict:
+    """Each consumer resolves CUDA_HOME its own way; all of them must land on the expected toolkit."""
+    dg_home, dg_how = deep_gemm_cuda_home()
+    by_rule = cuda_home_by_rule()
+    found = {
+        "deep_gemm": {"home": dg_home, "how": dg_how},
+        # flashinfer/jit/cpp_ext.py get_cuda_path and torch/utils/cpp_extension.py _find_cuda_home both
+        # import torch, so their rule (the same as deep_gemm's) runs here instead of their code.
+        "flashinfer": {"home": by_rule, "how": "rule of flashinfer.jit.cpp_ext.get_cuda_path"},
+        "torch": {"home": by_rule, "how": "rule of torch.utils.cpp_extension._find_cuda_home"},
+    }
+    expected = (expect.get("cuda") or {}).get("home")
+    evidence = {"expected": expected, "found": found, "env": {
+        key: os.environ.get(key) for key in ("CUDA_HOME", "CUDA_PATH")}, "which_nvcc": shutil.which("nvcc")}
+    homes = {consumer: result["home"] for consumer, result in found.items()}
+    if expected:
+        wrong = {consumer: home for consumer, home in homes.items() if not same_path(home, expected)}
+        if wrong:
+            return make_check("cuda-home", FAIL, f"expected {expected}; " + ", ".join(
+                f"{consumer} finds {home}" for consumer, home in wrong.items()), **evidence)
+        return make_check("cuda-home", PASS, f"deep_gemm, FlashInfer and torch all find {expected}", **evidence)
+    first = next(iter(homes.values()))
+    if first and all(same_path(home, first) for home in homes.values()):
+        return make_check("cuda-home", PASS, f"deep_gemm, FlashInfer and torch all find {first}", **evidence)
+    return make_check("cuda-home", FAIL, "consumers disagree: " + ", ".join(
+        f"{consumer} finds {home}" for consumer, home in homes.items()), **evidence)
+
+
+def inspect_toolkit(home: str) -> dict:
+    """Every piece of a CUDA toolkit folder that nvcc and JIT builds need; runs nvcc --version once."""
+    home = home or ""
+    nvcc = os.path.join(home, "bin", "nvcc")
+    status, output = run_command([nvcc, "--version"])
+    include, lib, lib64 = (os.path.join(home, name) for name in ("include", "lib", "lib64"))
+    if not os.path.isdir(lib64):
+        lib64_state = "missing"
+    elif os.path.isdir(lib) and not same_path(lib64, lib):
+        lib64_state = "elsewhere"
+    else:
+        lib64_state = "ok"
+    sonames = sorted(entry for entry in _listdir(lib) + _listdir(lib64) if entry.startswith("libcudart.so."))
+    return {
+        "home": home, "real": os.path.realpath(home) if home else None, "nvcc": nvcc,
+        "nvcc_output": output.strip()[-200:], "release": parse_nvcc_release(output) if status == 0 else None,
+        "nvcc_script": nvcc_script_target(nvcc),
+        "runtime_header": os.path.isfile(os.path.join(include, "cuda_runtime.h")),
+        "cccl": os.path.isdir(os.path.join(include, "cccl")) or os.path.isdir(os.path.join(include, "nv", "target")),
+        "crt": os.path.isfile(os.path.join(include, "crt", "math_functions.h")),
+        "cicc": os.access(os.path.join(home, "nvvm", "bin", "cicc"), os.X_OK),
+        "lib64": lib64_state, "lib64_real": os.path.realpath(lib64) if lib64_state != "missing" else None,
+        "libcudart": os.path.exists(os.path.join(lib64, "libcudart.so")), "libcudart_sonames": sorted(set(sonames)),
+    }
+
+
+def _listdir(path: str) -> list:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def nvcc_script_target(nvcc: str) -> str | None:
+    """The toolkit a wrapper script (`exec /usr/local/cuda-13.0/bin/nvcc "$@"`) hands over to."""
+    text = read_text(nvcc, 4096) if os.path.isfile(nvcc) and not os.path.islink(nvcc) else None
+    match = _NVCC_IN_SCRIPT.search(text) if text and text.startswith("#!") else None
+    return match.group(1) if match else None
+
+
+def missing_pieces(toolkit: dict) -> list:
+    pieces = [piece for piece in ("nvcc", "runtime_header", "cccl", "crt", "cicc")
+              if not (toolkit["release"] if piece == "nvcc" else toolkit[piece])
+              and not (piece == "cicc" and toolkit["nvcc_script"])]  # a wrapper's nvcc finds its own cicc
+    if toolkit["lib64"] == "missing":
+        pieces.append("lib64")
+    if not toolkit["libcudart"]:
+        pieces.append("libcudart")
+    return pieces
