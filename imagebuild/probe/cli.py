@@ -15,9 +15,10 @@ import json
 from .deep_gemm import check_deep_gemm_sm120
 from .doctor import run_doctor
 from .expect import NO_EXPECTATIONS, load_expect
+from .gpu_compute import check_gpu_compute
 from .gpus import DRIVER_VERSION_FILE
 from .report import FAIL, make_check, make_report
-from .stack import check_flashinfer_dynamo, check_gpu, check_imports, check_torch_cuda
+from .stack import check_flashinfer_dynamo, check_gpu, check_imports, check_torch_cuda, gpu_visible
 from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter, check_packages
 
 
@@ -33,6 +34,7 @@ def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = Fal
         ("torch-cuda", lambda: check_torch_cuda(expect)),
         ("flashinfer-dynamo", lambda: check_flashinfer_dynamo(expect)),
         ("gpu", check_gpu),
+        ("gpu-compute", lambda: check_gpu_compute(expect, gpu_visible())),
     )
     results = []
     for name, run in checks:
