@@ -61,10 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("--ca-bundle", help="CA roots for a TLS-intercepting proxy, passed as a build "
                      "secret (default: $IMAGEBUILD_CA_BUNDLE, $SSL_CERT_FILE, Debian's bundle)")
     cmd.add_argument("--engine", default="docker", choices=["docker", "buildah"])
+    cmd.add_argument("--no-gpus", action="store_true", help="smoke-test without GPUs even where they are visible")
 
     cmd = command("smoke", "re-run the in-image smoke test of a built image")
     cmd.add_argument("image")
     cmd.add_argument("--engine", default="docker", choices=["docker", "buildah"])
+    cmd.add_argument("--no-gpus", action="store_true", help="run without GPUs even where they are visible")
 
     cmd = command("patches", "check that a recipe's patches apply to the locked or another release")
     cmd.add_argument("recipe", type=Path)
@@ -176,7 +178,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         with progress.spinning("building"):
             report = pipeline.build(args.recipe, engine, lock_path=args.lock, relock=args.relock,
                                     run_smoke=not args.no_smoke, ca=args.ca_bundle,
-                                    keep_failed=args.keep_failed, progress=progress)
+                                    keep_failed=args.keep_failed, gpus=False if args.no_gpus else None,
+                                    progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
         else:
@@ -191,7 +194,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if args.command == "smoke":
         with progress.spinning("smoke test"):
-            report = pipeline.smoke(args.image, engine, progress=progress)
+            report = pipeline.smoke(args.image, engine, gpus=False if args.no_gpus else None,
+                                    progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
         else:

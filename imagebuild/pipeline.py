@@ -24,6 +24,8 @@ from imagebuild.render import render_context
 Progress = Callable[[str], None]
 PROBE_COMMAND = ("python", "/opt/imagebuild/probe.pyz", "--expect", "/opt/imagebuild/expect.json")
 # Where users behind a TLS-intercepting proxy keep the roots that proxy signs with (Debian's path).
+# FlashInfer JIT-compiles on first use where a GPU is visible (tier 4): give the probe time.
+SMOKE_TIMEOUT_S = 1800
 DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
@@ -177,7 +179,7 @@ def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | N
         return SmokeReport(image, True, json.loads(cached.read_text()), cached=True)
     gpus = os.path.exists("/dev/nvidiactl") if gpus is None else gpus
     progress(f"smoke test: running the probe in {image} (network off{', GPUs on' if gpus else ''})")
-    result = engine.run(info.id, PROBE_COMMAND, network=False, gpus=gpus)
+    result = engine.run(info.id, PROBE_COMMAND, network=False, gpus=gpus, timeout=SMOKE_TIMEOUT_S)
     try:
         report = json.loads(result.stdout)
     except json.JSONDecodeError:
@@ -192,7 +194,7 @@ def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | N
 
 def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = None,
           relock: bool = False, run_smoke: bool = True, ca: str | None = None,
-          keep_failed: bool = False, progress: Progress = _quiet) -> BuildReport:
+          keep_failed: bool = False, gpus: bool | None = None, progress: Progress = _quiet) -> BuildReport:
     """check -> lock (fresh or refused) -> base -> render -> build untagged -> smoke -> tag."""
     timings: dict[str, float] = {}
     clock = time.monotonic()
@@ -221,7 +223,7 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     report = None
     if run_smoke:
         clock = time.monotonic()
-        report = smoke(image_id, engine, use_cache=True, progress=progress)
+        report = smoke(image_id, engine, use_cache=True, gpus=gpus, progress=progress)
         timings["smoke"] = time.monotonic() - clock
         if not report.ok:
             if not keep_failed:

@@ -109,3 +109,9 @@ def test_no_engine_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(EngineUnavailable, match="dockerd"):
         DockerEngine().check()
+
+
+def test_gpus_without_an_nvidia_runtime_is_one_clear_error(engine):
+    """This engine has no NVIDIA runtime (no GPU here): asking for GPUs must say what to install."""
+    with pytest.raises(EngineUnavailable, match="nvidia-container-toolkit.*--no-gpus"):
+        engine.run(read_lock(REPO / "lockfiles" / "cuda-toolchain.lock").base.image_ref, ["true"], gpus=True)

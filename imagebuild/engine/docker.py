@@ -135,6 +135,13 @@ class DockerEngine(Engine):
             device_requests=requests_, detach=True)
         try:
             container.start()
+        except docker.errors.APIError as err:
+            container.remove(force=True)
+            if gpus and "device driver" in str(err):
+                raise EngineUnavailable("GPUs are visible but the engine has no NVIDIA runtime: install "
+                                        "nvidia-container-toolkit, or run with --no-gpus") from None
+            raise
+        try:
             timed_out = False
             try:
                 status = container.wait(timeout=timeout)
