@@ -106,6 +106,12 @@ def check(recipe_path: str | Path) -> CheckReport:
     return CheckReport(str(recipe.path), compat.check_recipe(recipe, base_glibc(recipe)))
 
 
+def _merged(before: list, after: list) -> list:
+    """Recipe-time and lock-time rules can both see one problem (glibc vs nvcc): report it once."""
+    seen = {(f.rule, f.message) for f in before}
+    return before + [f for f in after if (f.rule, f.message) not in seen]
+
+
 def _stop_on_errors(findings: list) -> None:
     if compat.has_errors(findings):
         raise FindingsFailed(findings)
@@ -124,7 +130,7 @@ def lock(recipe_path: str | Path, *, lock_path: Path | None = None,
     progress(f"resolving {len(recipe.python.requirements)} requirements for Python {base.python} "
              f"on {base.uv_platform}")
     new = resolve_lock(recipe, base)
-    findings += compat.check_resolved(recipe, new.packages, base.glibc)
+    findings = _merged(findings, compat.check_resolved(recipe, new.packages, base.glibc))
     _stop_on_errors(findings)
     text = new.to_json()
     changed = not path.exists() or path.read_text() != text
@@ -203,7 +209,7 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     _stop_on_errors(findings)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     current = _fresh_lock(recipe, path, relock, progress)
-    findings += compat.check_resolved(recipe, current.packages, current.base.glibc)
+    findings = _merged(findings, compat.check_resolved(recipe, current.packages, current.base.glibc))
     _stop_on_errors(findings)
     engine.check()
     timings["lock"] = time.monotonic() - clock
