@@ -437,9 +437,8 @@ def stale_reasons(lock: Lock, recipe: Recipe) -> list[str]:
         reasons.append(f"{recipe.path.name} changed since it was locked")
     if lock.template_sha256 != template_sha256():
         reasons.append("Dockerfile.j2 changed since the lock was made")
-    current = {(p.package, p.sha256, p.strip) for p in lock_patches(recipe, lock.packages)} \
-        if all(p.package in lock.packages for p in recipe.patches) else None
-    if current != {(p.package, p.sha256, p.strip) for p in lock.patches}:
+    patches_now = [(p.package, sha256_bytes(p.path.read_bytes()), p.strip) for p in recipe.patches]
+    if patches_now != [(p.package, p.sha256, p.strip) for p in lock.patches]:
         reasons.append("a patch file changed since the lock was made")
     return reasons
 

@@ -213,3 +213,16 @@ def test_of_several_fitting_wheels_the_one_the_image_would_install_is_locked():
     assert wheel.sha256 == "3" * 64
     (wheel,) = parse_pylock(text, PLAN, tags=target_tags("3.13", "2.36", "amd64"))
     assert wheel.sha256 == "1" * 64
+
+
+def test_a_changed_patch_file_makes_the_lock_stale(write_recipe, tmp_path):
+    patch = tmp_path / "recipes" / "fix.patch"
+    path = write_recipe(SMALL + '\n[[patches]]\npackage = "requests"\nfile = "fix.patch"\n')
+    patch.write_text("--- a/requests/__init__.py\n+++ b/requests/__init__.py\n")
+    recipe = load_recipe(path)
+    lock = resolve_lock(recipe, BOOKWORM)
+    assert lock.patches[0].package == "requests" and lock.patches[0].version == "2.32.3"
+    ensure_fresh(lock, recipe, tmp_path / "x.lock")
+    patch.write_text(patch.read_text() + "@@ -1 +1 @@\n-a\n+b\n")
+    with pytest.raises(StaleLock, match="a patch file changed"):
+        ensure_fresh(lock, load_recipe(path), tmp_path / "x.lock")
