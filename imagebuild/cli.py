@@ -27,7 +27,11 @@ EXTENSIONS: tuple[str, ...] = ("imagebuild.cli_publish", "imagebuild.cli_lxc", "
 _STEP = re.compile(r"^#\d+ \[[^\]]*\] ")
 
 
-def _parser() -> argparse.ArgumentParser:
+CORE_COMMANDS = ("check", "lock", "render", "build", "smoke", "patches")
+
+
+def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
+    """All commands; for a core command, only the core (the command groups' imports cost time)."""
     parser = argparse.ArgumentParser(prog="imagebuild", description=(
         "Build reproducible GPU ML container images: recipe -> check -> lock -> render -> build -> smoke."))
     parser.add_argument("--version", action="version", version=f"imagebuild {__version__}")
@@ -74,8 +78,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="check against this release instead of the locked one (repeatable)")
     cmd.add_argument("--latest", action="store_true", help="check against the newest release")
 
-    for module in EXTENSIONS:
-        importlib.import_module(module).add_commands(command)
+    if command_name not in CORE_COMMANDS:
+        for module in EXTENSIONS:
+            importlib.import_module(module).add_commands(command)
     return parser
 
 
@@ -206,7 +211,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:

@@ -19,7 +19,6 @@ from imagebuild.errors import FindingsFailed, SmokeFailed
 from imagebuild.lock import (Lock, default_lock_path, ensure_fresh, read_lock, resolve_lock,
                              uv_binary, write_lock)
 from imagebuild.recipe import DebianBase, Recipe, load_recipe
-from imagebuild.render import render_context
 
 Progress = Callable[[str], None]
 PROBE_COMMAND = ("python", "/opt/imagebuild/probe.pyz", "--expect", "/opt/imagebuild/expect.json")
@@ -152,6 +151,7 @@ def _fresh_lock(recipe: Recipe, path: Path, relock: bool, progress: Progress) ->
 
 def render(recipe_path: str | Path, out_dir: Path, *, lock_path: Path | None = None,
            relock: bool = False, progress: Progress = _quiet) -> Path:
+    from imagebuild.render import render_context  # jinja2: only the commands that render pay for it
     recipe = load_recipe(recipe_path)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     current = _fresh_lock(recipe, path, relock, progress)
@@ -202,6 +202,7 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
           relock: bool = False, run_smoke: bool = True, ca: str | None = None,
           keep_failed: bool = False, gpus: bool | None = None, progress: Progress = _quiet) -> BuildReport:
     """check -> lock (fresh or refused) -> base -> render -> build untagged -> smoke -> tag."""
+    from imagebuild.render import render_context
     timings: dict[str, float] = {}
     clock = time.monotonic()
     recipe = load_recipe(recipe_path)
