@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator, Mapping, Sequence
+from typing import BinaryIO, Iterator, Mapping, Sequence
 
 import docker
 import docker.errors
@@ -35,25 +34,6 @@ def find_cli() -> str:
 
 
 _EXPORT_CHUNK = 1 << 20
-
-
-class _Chunks(io.RawIOBase):
-    """A file over an iterator of byte chunks (the engine API's export stream)."""
-
-    def __init__(self, chunks: Iterable[bytes]):
-        self.chunks, self.rest = iter(chunks), b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        while not self.rest:
-            self.rest = next(self.chunks, b"")
-            if not self.rest:
-                return 0
-        n = min(len(buffer), len(self.rest))
-        buffer[:n], self.rest = self.rest[:n], self.rest[n:]
-        return n
 
 
 def split_ref(ref: str) -> tuple[str, str]:
@@ -178,17 +158,31 @@ class DockerEngine(Engine):
 
     @contextlib.contextmanager
     def export_rootfs(self, ref: str) -> Iterator[BinaryIO]:
-        """A container is created (never started), its filesystem streamed, and it is removed."""
-        container = None
+        """A container is created (never started), its filesystem streamed, and it is removed.
+
+        The stream comes from a `docker export` process, so the engine's reading runs beside the
+        caller's work on the bytes rather than in turn with it."""
+        container = self.client.api.create_container(
+            ref, command=["/.imagebuild-export"], labels={"io.imagebuild.role": "export"},
+            network_disabled=True)["Id"]
         try:
-            container = self.client.api.create_container(
-                ref, command=["/.imagebuild-export"], labels={"io.imagebuild.role": "export"},
-                network_disabled=True)["Id"]
-            chunks = self.client.api.export(container, chunk_size=_EXPORT_CHUNK)
-            yield io.BufferedReader(_Chunks(chunks), _EXPORT_CHUNK)
+            with tempfile.TemporaryFile() as errors:
+                proc = subprocess.Popen([self.cli, "export", container], stdout=subprocess.PIPE,
+                                        stderr=errors, bufsize=_EXPORT_CHUNK)
+                try:
+                    yield proc.stdout
+                    finished = proc.stdout.read(1) == b""  # the caller read it all
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()  # the caller stopped early: nothing more is wanted
+                    proc.stdout.close()
+                    code = proc.wait()
+                if finished and code != 0:
+                    errors.seek(0)
+                    raise BuildFailed(f"docker export of {ref} failed (exit {code}): "
+                                      f"{errors.read().decode('utf-8', 'replace').strip()}")
         finally:
-            if container is not None:
-                self.client.api.remove_container(container, force=True)
+            self.client.api.remove_container(container, force=True)
 
     @contextlib.contextmanager
     def save(self, image: str) -> Iterator[BinaryIO]:
