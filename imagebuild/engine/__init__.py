@@ -82,6 +82,20 @@ class Engine(abc.ABC):
         return self.inspect(ref) is not None
 
 
+def run_streaming(command: Sequence[str], progress: Progress, *, env: Mapping[str, str] | None = None,
+                  keep: int = 60) -> tuple[int, list[str]]:
+    """Run a build tool, handing each output line to progress; (exit code, its last `keep` lines)."""
+    import subprocess
+    proc = subprocess.Popen(list(command), env=dict(env) if env is not None else None, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    tail: list[str] = []
+    for line in proc.stdout:
+        line = line.rstrip()
+        tail = (tail + [line])[-keep:]
+        progress(line)
+    return proc.wait(), tail
+
+
 def default_engine(name: str = "docker") -> Engine:
     if name == "docker":
         from imagebuild.engine.docker import DockerEngine

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping, Sequence
 
-from imagebuild.engine import Engine, ImageInfo, Progress, RunResult
+from imagebuild.engine import Engine, ImageInfo, Progress, RunResult, run_streaming
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
 from imagebuild.oci import REPRO_EPOCH, command_stream
 
@@ -77,14 +77,7 @@ class BuildahEngine(Engine):
             for name, path in sorted(secrets.items()):
                 command += ["--secret", f"id={name},src={path}"]
             command.append(str(context))
-            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace")
-            tail: list[str] = []
-            for line in proc.stdout:
-                line = line.rstrip()
-                tail = (tail + [line])[-60:]
-                progress(line)
-            code = proc.wait()
+            code, tail = run_streaming(command, progress)
             if code != 0:
                 raise BuildFailed(f"buildah bud failed (exit {code}); no image was tagged. Last lines:\n"
                                   + "\n".join(tail))

@@ -14,7 +14,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from imagebuild.engine import Engine, ImageInfo, Progress, RunResult
+from imagebuild.engine import Engine, ImageInfo, Progress, RunResult, run_streaming
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
 
 # Debian's docker.io CLI (20.10) runs BuildKit builds itself; newer CLIs need the buildx plugin.
@@ -84,15 +84,7 @@ class DockerEngine(Engine):
             for name, path in sorted(secrets.items()):
                 command += ["--secret", f"id={name},src={path}"]
             command.append(str(context))
-            env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, errors="replace")
-            tail: list[str] = []
-            for line in proc.stdout:
-                line = line.rstrip()
-                tail = (tail + [line])[-60:]
-                progress(line)
-            code = proc.wait()
+            code, tail = run_streaming(command, progress, env={**os.environ, "DOCKER_BUILDKIT": "1"})
             if code != 0:
                 text = "\n".join(tail)
                 if "buildx" in text and "missing" in text:
