@@ -322,7 +322,7 @@ def _check_url(read: RecipeReader, key: Key, url: str) -> None:
     if parts is None or parts.scheme not in ("http", "https") or not parts.netloc \
             or any(char.isspace() or not char.isprintable() for char in url):
         raise read.error(key, f"{show(url)} is not an http(s) URL",
-                         hint='e.g. "https://download.pytorch.org/whl/cu130"')
+                         hint='e.g. "https://mirror.example/whl/cu130"')
 
 
 def _exclude_newer(read: RecipeReader, value, key: Key) -> str | None:

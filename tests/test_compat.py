@@ -332,7 +332,7 @@ def test_recipe_glibc_comes_from_the_argument_then_the_base():
     assert rules(check_recipe(trixie)) == [("error", "glibc-breaks-nvcc")]
     assert check_recipe(trixie, "2.36") == []
     assert check_recipe(recipe(toolkit="13.2", suite="trixie")) == []
-    image = ImageBase("ghcr.io/x/y@sha256:" + "0" * 64, python="3.13", glibc="2.41")
+    image = ImageBase("registry.example/x/y@sha256:" + "0" * 64, python="3.13", glibc="2.41")
     assert rules(check_recipe(recipe(base=image))) == [("error", "glibc-breaks-nvcc")]
     assert check_recipe(recipe(suite="sid")) == []  # an unknown suite is the parser's to report
 

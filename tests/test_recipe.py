@@ -94,7 +94,7 @@ def test_full_debian_recipe():
     assert python.requirements == ("cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.3.0", "sgl-deep-gemm==0.2.3.post2")
     assert python.constraints == ("nvidia-cuda-runtime==13.0.96",)
     assert python.exclude == ("torch", "triton")
-    assert python.extra_index_urls == ("https://download.pytorch.org/whl/cu130",)
+    assert python.extra_index_urls == ("https://mirror.example/whl/cu130",)
     assert python.exclude_newer == "2026-11-20T00:00:00Z"  # a TOML datetime, written back as a string
     assert python.layers == {"framework": ("nvidia-*",), "kernels": ("sgl-deep-gemm", "flashinfer-*")}
     assert list(python.layers) == ["framework", "kernels"]

@@ -171,7 +171,7 @@ def finding_cuda_versions(facts: dict) -> dict:
         problems.append(f"torch {torch.get('version')} is a CPU-only build (torch.version.cuda is None) in an "
                         "environment with " + (f"CUDA {reference}" if reference else "GPUs"))
         fixes.append(install_command(facts, f"torch=={(torch.get('version') or '').split('+')[0]}")
-                     + f" --reinstall-package torch --index-url https://download.pytorch.org/whl/{tag}")
+                     + f" --reinstall-package torch --index-url <the PyTorch index of {tag} builds>")
     if reference is None and not problems:
         return make_finding("cuda-versions", SKIP, "no torch and no CUDA wheels: nothing to compare", **evidence)
     against = f"torch is built for CUDA {reference}" if torch.get("cuda") else f"the CUDA runtime is {reference}"
