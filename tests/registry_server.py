@@ -316,12 +316,9 @@ class Proxy:
         except OSError:
             pass
         finally:
-            for s in (client, upstream):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
+            _shut(client, upstream)
+            client.close()
+            upstream.close()
 
     def _count(self, n: int) -> None:
         with self.lock:
@@ -334,8 +331,13 @@ class Proxy:
         except OSError:
             pass
         finally:
-            for s in (client, upstream):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            _shut(client, upstream)  # the upstream-bound thread closes them
+
+
+def _shut(*sockets: socket.socket) -> None:
+    """Both directions of a proxied connection end together."""
+    for sock in sockets:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
