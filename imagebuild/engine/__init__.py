@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
@@ -85,7 +86,6 @@ class Engine(abc.ABC):
 def run_streaming(command: Sequence[str], progress: Progress, *, env: Mapping[str, str] | None = None,
                   keep: int = 60) -> tuple[int, list[str]]:
     """Run a build tool, handing each output line to progress; (exit code, its last `keep` lines)."""
-    import subprocess
     proc = subprocess.Popen(list(command), env=dict(env) if env is not None else None, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace")
     tail: list[str] = []
