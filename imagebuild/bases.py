@@ -11,13 +11,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from imagebuild.engine import run_streaming
 from imagebuild.errors import ImagebuildError, ToolMissing
 from imagebuild.recipe import DebianBase, ImageBase
 
@@ -122,17 +122,11 @@ def bootstrap(base: DebianBase, progress: Progress = lambda _: None, *, refresh:
     progress(f"bootstrapping Debian {base.suite}/{base.arch} with mmdebstrap "
              f"({len(inputs['packages'])} packages asked for)")
     try:
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
-        tail: list[str] = []
-        for line in proc.stderr:
-            line = line.rstrip()
-            tail = (tail + [line])[-30:]
-            if line.startswith("I: "):
-                progress(line[3:])
-        if proc.wait() != 0:
+        code, tail = run_streaming(command, lambda line: line.startswith("I: ") and progress(line[3:]),
+                                   env=env, keep=30)
+        if code != 0:
             raise ImagebuildError(f"mmdebstrap failed for Debian {base.suite}/{base.arch} "
-                                  f"(exit {proc.returncode}):\n" + "\n".join(tail))
+                                  f"(exit {code}):\n" + "\n".join(tail))
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -18,7 +18,7 @@ from packaging.version import Version
 from imagebuild.cuda import Arch, CudaVersion, parse_driver
 from imagebuild.recipe import ImageBase, PythonSpec, Recipe
 
-from imagebuild.facts import (_NOT_CUDA, DATA_FILE, SuiteFacts, _native_toolkit, _release_cuda, _version,
+from imagebuild.facts import (_NOT_CUDA, DATA_FILE, SuiteFacts, native_toolkit, _release_cuda, _version,
                               debian_suite, load_facts, torch_cuda)
 
 # What callers use from here besides the rules: the lookups live in facts.py.
@@ -59,7 +59,7 @@ def check_driver(toolkit: CudaVersion, min_driver: str) -> list[Finding]:
                         "so the driver was not checked.", evidence,
                         f"pick a toolkit listed in {DATA_FILE.name}, or add CUDA {toolkit} there",
                         f"{DATA_FILE.name}: no entry for CUDA {toolkit.major}.x")]
-    native = _native_toolkit(driver)
+    native = native_toolkit(driver)
     native_fix = f'set [cuda].toolkit = "{native}" (the newest CUDA driver {min_driver} runs natively), or ' \
         if native and native < toolkit else ""
     if driver[0] < floor.floor:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from imagebuild import compat, probe
 from imagebuild.cuda import CudaVersion, parse_driver
+from imagebuild.facts import native_toolkit
 from imagebuild.engine import Engine
 from imagebuild.errors import ImagebuildError, ToolMissing
 from imagebuild.probe import bundle
@@ -177,9 +178,7 @@ def native_cuda(driver: str) -> CudaVersion | None:
         version = parse_driver(driver)
     except (ValueError, AttributeError):
         return None
-    native = [fact.cuda for fact in compat.load_facts().drivers.values()
-              if fact.ga and parse_driver(fact.ga) <= version]
-    return max(native, default=None)
+    return native_toolkit(version)
 
 
 def cuda_in_use(facts: Mapping) -> dict[CudaVersion, list[str]]:

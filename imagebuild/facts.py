@@ -263,7 +263,7 @@ def _release_cuda(text: str) -> CudaVersion | None:
     return CudaVersion(parsed.release[0], parsed.release[1])
 
 
-def _native_toolkit(driver: tuple[int, ...]) -> CudaVersion | None:
+def native_toolkit(driver: tuple[int, ...]) -> CudaVersion | None:
     """The newest known toolkit whose first release this driver runs natively."""
     native = [f.cuda for f in load_facts().drivers.values() if f.ga and parse_driver(f.ga) <= driver]
     return max(native, default=None)

@@ -12,7 +12,6 @@ one file of the image in memory, and the final path appears only when the templa
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import os
 import posixpath
@@ -28,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
+from imagebuild.bases import sha256_file
 from imagebuild.errors import EXIT_FAILED, ImagebuildError, ToolMissing
 
 Progress = Callable[[str], None]
@@ -589,14 +589,6 @@ def rootfs_members(stream: BinaryIO) -> Iterator[tuple[str, tarfile.TarInfo]]:
         _skip(reading, member)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(BUFFER):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _throttled(progress: Progress, total: int) -> Callable[[int], None]:
     last = [0.0]
 
@@ -615,7 +607,7 @@ def write_template(source: BinaryIO, out: Path, plan: TemplatePlan, compression:
     with atomic_output(out) as temp:
         summary = compress_to(temp, compression,
                               lambda sink: filter_rootfs(source, sink, plan, progress))
-        size, digest = temp.stat().st_size, _sha256(temp)
+        size, digest = temp.stat().st_size, sha256_file(temp)
     return summary, size, digest
 
 
@@ -680,7 +672,7 @@ def export_oci(engine, image: str, out: Path, *, writer: str = "auto",
                                    f"oci-archive:{temp}"], capture_output=True, text=True)
             if proc.returncode != 0:
                 raise TemplateError(f"skopeo copy failed: {proc.stderr.strip()}")
-        size, digest = temp.stat().st_size, _sha256(temp)
+        size, digest = temp.stat().st_size, sha256_file(temp)
     return TemplateReport(image, config.id, str(out), "oci-archive", None, size, digest,
                           time.monotonic() - started, None, tool)
 

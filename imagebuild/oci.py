@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, BinaryIO, Callable, Iterator, TypeVar
 
-from imagebuild.bases import BOOTSTRAP_EPOCH
+from imagebuild.bases import BOOTSTRAP_EPOCH, sha256_file
 from imagebuild.errors import BuildFailed, ImagebuildError
 from imagebuild.oci_normalize import (
     GZIP_LEVEL,
@@ -354,7 +354,7 @@ class LayerCache:
             _link_or_copy(cached, target)
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        if target.stat().st_size != desc.size or _file_digest(target) != desc.digest:
+        if target.stat().st_size != desc.size or "sha256:" + sha256_file(target) != desc.digest:
             target.unlink()
             return None
         return LayerBlob(str(record["diff_id"]), desc)
@@ -376,14 +376,6 @@ def _link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:  # another filesystem
         shutil.copyfile(source, target)
-
-
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(_CHUNK):
-            digest.update(block)
-    return "sha256:" + digest.hexdigest()
 
 
 def default_layer_cache() -> LayerCache:
