@@ -12,7 +12,6 @@ one file of the image in memory, and the final path appears only when the templa
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import posixpath
 import re
@@ -27,7 +26,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
+from imagebuild import tarstream
 from imagebuild.bases import sha256_file
+from imagebuild.engine import widen_pipe
 from imagebuild.errors import EXIT_FAILED, ImagebuildError, ToolMissing
 
 Progress = Callable[[str], None]
@@ -51,16 +52,9 @@ COMMAND_FILE = "etc/imagebuild/command"
 BASHRC_HOOK = (b"# imagebuild: the image's environment for interactive shells (pct enter)\n"
                b"[ -r /etc/profile.d/imagebuild.sh ] && . /etc/profile.d/imagebuild.sh\n")
 INIT_SHIM_FILE = Path(__file__).parent / "data" / "lxc-init.sh"  # /sbin/init when the image has none
-_PAX_OWN_KEYS = {"path", "linkpath", "size", "uid", "gid", "uname", "gname", "mtime", "atime",
-                 "ctime", "charset", "comment", "hdrcharset"}
-_TYPES = {tarfile.REGTYPE: tarfile.REGTYPE, tarfile.AREGTYPE: tarfile.REGTYPE,
-          tarfile.CONTTYPE: tarfile.REGTYPE, tarfile.GNUTYPE_SPARSE: tarfile.REGTYPE,
-          tarfile.DIRTYPE: tarfile.DIRTYPE, tarfile.SYMTYPE: tarfile.SYMTYPE,
-          tarfile.LNKTYPE: tarfile.LNKTYPE, tarfile.FIFOTYPE: tarfile.FIFOTYPE,
-          tarfile.CHRTYPE: tarfile.CHRTYPE, tarfile.BLKTYPE: tarfile.BLKTYPE}
-# What a damaged tar stream raises from inside tarfile.
-_TAR_ERRORS = (tarfile.TarError, EOFError, ValueError, OverflowError, UnicodeError, KeyError,
-               IndexError, TypeError, AttributeError)
+_TYPES = {tarstream.REGULAR, tarstream.DIRECTORY, tarstream.SYMLINK, tarstream.HARDLINK, tarstream.FIFO,
+          tarstream.CHARDEV, tarstream.BLOCKDEV}
+_DEVICES = {tarstream.CHARDEV, tarstream.BLOCKDEV}
 _DOCKER_PLACEHOLDERS = {"etc/hostname", "etc/hosts", "etc/resolv.conf"}  # empty, 0755, from `docker create`
 
 
@@ -217,101 +211,18 @@ def command_file(command: Iterable[str], workdir: str) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-class _Forward:
-    """A forward-only seekable view of a stream, so tarfile reads it without its slow stream mode
-    (which copies its whole buffer on every header read). `last` is the latest block read."""
-
-    def __init__(self, raw: BinaryIO):
-        self.raw, self.position, self.last = raw, 0, b""
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
-        self.position += len(data)
-        self.last = data
-        return data
-
-    def readinto(self, buffer) -> int:
-        n = self.raw.readinto(buffer)
-        self.position += n
-        return n
-
-    def tell(self) -> int:
-        return self.position
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if whence != 0 or offset < self.position:
-            raise tarfile.ReadError(f"cannot go back to byte {offset} of a stream at {self.position}")
-        while self.position < offset:
-            if not self.read(min(offset - self.position, BUFFER)):
-                break
-        return self.position
-
-
-class _Counting:
-    """The sink side: tarfile's write mode asks where it is."""
-
-    def __init__(self, raw: BinaryIO):
-        self.raw, self.position = raw, 0
-
-    def write(self, data) -> int:
-        self.raw.write(data)
-        self.position += len(data)
-        return len(data)
-
-    def tell(self) -> int:
-        return self.position
-
-
-class _Reading:
-    """The source side of the filter: every tarfile failure becomes UnreadableRootfs, and a stream
-    that stops without tar's end-of-archive blocks is refused rather than taken as complete."""
-
-    def __init__(self, source: BinaryIO):
-        self.source = _Forward(source)
-        try:
-            self.tar = tarfile.TarFile(fileobj=self.source, mode="r", copybufsize=BUFFER)
-        except _TAR_ERRORS as err:
-            raise UnreadableRootfs(f"the image's filesystem stream is not a tar archive ({err})") from None
-
-    def members(self) -> Iterator[tarfile.TarInfo]:
-        while True:
-            try:
-                member = self.tar.next()
-            except _TAR_ERRORS as err:
-                raise UnreadableRootfs(f"the filesystem stream is damaged ({type(err).__name__}: "
-                                       f"{err})") from None
-            self.tar.members.clear()  # tarfile keeps every header it read: memory stays flat
-            if member is None:
-                last = self.source.last
-                if len(last) != tarfile.BLOCKSIZE or last.count(0) != tarfile.BLOCKSIZE:
-                    raise UnreadableRootfs(f"the filesystem stream stops at byte {self.source.position} "
-                                           "without tar's end-of-archive marker: truncated or damaged")
-                return
-            yield member
-
-    def data(self, member: tarfile.TarInfo) -> BinaryIO:
-        return _Guarded(self.tar.extractfile(member), member.name)
-
-
-class _Guarded:
-    def __init__(self, raw, name: str):
-        self.raw, self.name = raw, name
-
-    def read(self, size: int = -1) -> bytes:
-        try:
-            data = self.raw.read(size)
-        except _TAR_ERRORS as err:
-            raise UnreadableRootfs(f"the filesystem stream breaks off in /{self.name} ({err})") from None
-        return data
-
-
 def filter_rootfs(source: BinaryIO, sink: BinaryIO, plan: TemplatePlan = TemplatePlan(),
                   progress: Callable[[int], None] = lambda _: None) -> RootfsSummary:
     """Copy a rootfs tar stream into a Proxmox template tar stream; raise TemplateError if it can't be one."""
+    try:
+        return _filter(tarstream.Reader(source), tarstream.Writer(sink), plan, progress)
+    except tarstream.TarStreamError as err:
+        raise UnreadableRootfs(f"the image's filesystem stream is damaged: {err}") from None
+
+
+def _filter(reader: tarstream.Reader, out: tarstream.Writer, plan: TemplatePlan,
+            progress: Callable[[int], None]) -> RootfsSummary:
     summary = RootfsSummary()
-    reading = _Reading(source)
-    out = tarfile.TarFile(fileobj=_Counting(sink), mode="w", format=tarfile.PAX_FORMAT,
-                          copybufsize=BUFFER)
     env_script, environment, skipped = env_files(plan.env)
     summary.warnings += skipped
     replaced = {ENV_SCRIPT: env_script, COMMAND_FILE: command_file(plan.command, plan.workdir)}
@@ -320,46 +231,44 @@ def filter_rootfs(source: BinaryIO, sink: BinaryIO, plan: TemplatePlan = Templat
     kept: dict[str, bytes] = {}  # small files read for the checks at the end
     written: set[str] = set()
     dropped: set[str] = set()
-    for member in reading.members():
+    for member in reader:
         name = _clean(member.name)
+        kind = member.type
         summary.members += 1
-        summary.bytes_in += max(member.size, 0) if member.isreg() else 0
+        summary.bytes_in += member.size if kind == tarstream.REGULAR else 0
         progress(summary.bytes_in)
-        kind = _TYPES.get(member.type)
-        if kind is None:
-            raise UnreadableRootfs(f"/{name}: tar member type {member.type!r} is not a file, folder, "
+        if kind not in _TYPES:
+            raise UnreadableRootfs(f"/{name}: tar member type {kind!r} is not a file, folder, "
                                    f"link, device or fifo")
-        target = _clean(member.linkname) if kind == tarfile.LNKTYPE else None
-        if (name.startswith("dev/") or name == ".dockerenv" or kind in (tarfile.CHRTYPE, tarfile.BLKTYPE)
+        target = _clean(member.linkname) if kind == tarstream.HARDLINK else None
+        if (name.startswith("dev/") or name == ".dockerenv" or kind in _DEVICES
                 or target in dropped or name in replaced
                 or (plan.init == "shim" and _resolve(name, links, False) == _resolve(INIT, links, False))):
             dropped.add(name)
             if not name.startswith("dev/") and name not in replaced:
                 summary.dropped.append("/" + name)
-            _skip(reading, member)
             continue
         if not (0 <= member.uid < ID_RANGE and 0 <= member.gid < ID_RANGE):
             raise OwnerOutOfRange(name, member.uid, member.gid)
-        if kind == tarfile.SYMTYPE:
+        if kind == tarstream.SYMLINK:
             links[name] = member.linkname
-        if kind != tarfile.DIRTYPE and is_driver_library(name, plan.env):
+        if kind != tarstream.DIRECTORY and is_driver_library(name, plan.env):
             summary.driver_libraries.append("/" + name)
-        _normalize(member, name, kind, target, plan.epoch)
-        data = None
-        if kind != tarfile.REGTYPE:
+        _normalize(member, name, target, plan.epoch)
+        if kind != tarstream.REGULAR:
             member.size = 0
+            out.add(member)
         elif name in appended or (_watched(name) and member.size <= SMALL_FILE):
             if member.size > SMALL_FILE:
                 raise TemplateError(f"/{name} is over {SMALL_FILE >> 20} MiB; imagebuild appends to it")
-            data = kept[name] = reading.data(member).read()
+            data = kept[name] = reader.read_data(SMALL_FILE)
             if name in appended:
                 data += (b"" if not data or data.endswith(b"\n") else b"\n") + appended.pop(name)
                 member.size = len(data)
-            data = io.BytesIO(data)
+            out.add(member, data)
         else:
-            data = reading.data(member)
-        _write(out, member, data)
-        out.members.clear()
+            out.add(member)
+            reader.copy_data(out.data)
         written.add(name)
     summary.os = _check_os(kept, links)
     has_init = _resolve(INIT, links) in written
@@ -382,40 +291,16 @@ def filter_rootfs(source: BinaryIO, sink: BinaryIO, plan: TemplatePlan = Templat
     return summary
 
 
-def _normalize(member: tarfile.TarInfo, name: str, kind: str, target: str | None,
-               epoch: int | None) -> None:
-    """Names under ./ (pve-container's exclude is anchored there), tarfile's own PAX keys dropped."""
-    member.type, member.name = kind, "./" + name if name else "./"
+def _normalize(member: tarstream.Member, name: str, target: str | None, epoch: int | None) -> None:
+    """Names under ./ (pve-container's exclude is anchored there), folders ending in /."""
+    member.name = "./" + name + ("/" if name and member.type == tarstream.DIRECTORY else "")
     if target is not None:
         member.linkname = "./" + target
-    member.pax_headers = {k: v for k, v in member.pax_headers.items()
-                          if k not in _PAX_OWN_KEYS and not k.startswith("GNU.sparse.")}
     member.mode &= 0o7777
     if epoch is not None:
-        try:
-            member.mtime = max(0, min(int(member.mtime), epoch))
-        except (ValueError, OverflowError):
-            member.mtime = epoch
-    if name in _DOCKER_PLACEHOLDERS and kind == tarfile.REGTYPE and member.size == 0:
+        member.mtime = max(0, min(member.mtime, epoch))
+    if name in _DOCKER_PLACEHOLDERS and member.type == tarstream.REGULAR and member.size == 0:
         member.mode = 0o644
-
-
-def _write(out: tarfile.TarFile, member: tarfile.TarInfo, data) -> None:
-    try:
-        out.addfile(member, data)
-    except (ValueError, UnicodeError, OverflowError) as err:
-        raise UnreadableRootfs(f"{member.name[1:]}: cannot be written to a tar ({err})") from None
-    except OSError as err:  # tarfile's own for a short member; others (pipe, disk, socket) stay as they are
-        if type(err) is not OSError or err.errno is not None or "unexpected end" not in str(err):
-            raise
-        raise UnreadableRootfs(f"the filesystem stream breaks off in {member.name[1:]}") from None
-
-
-def _skip(reading: _Reading, member: tarfile.TarInfo) -> None:
-    if member.isreg():
-        data = reading.data(member)
-        while data.read(BUFFER):
-            pass
 
 
 def _watched(name: str) -> bool:
@@ -449,7 +334,7 @@ def _check_os(kept: dict[str, bytes], links: dict[str, str]) -> dict:
             "version": version}
 
 
-def _add(out: tarfile.TarFile, path: str, data: bytes, links: dict[str, str], written: set[str],
+def _add(out: tarstream.Writer, path: str, data: bytes, links: dict[str, str], written: set[str],
          mtime: int) -> str:
     """Write one of imagebuild's files at the path it lands on (through merged-/usr links), with folders."""
     folder, base = posixpath.split(path)
@@ -460,17 +345,13 @@ def _add(out: tarfile.TarFile, path: str, data: bytes, links: dict[str, str], wr
     for depth in range(1, len(parts) + 1):
         parent = "/".join(parts[:depth])
         if parent not in written:
-            info = tarfile.TarInfo("./" + parent)
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, mtime
-            out.addfile(info)
+            out.add(tarstream.Member(f"./{parent}/", tarstream.DIRECTORY, mode=0o755, mtime=mtime))
             written.add(parent)
     real = posixpath.join(real_folder, base)
     if real in written:
         raise UnreadableRootfs(f"/{real} came before the symlink that leads to it; cannot replace it")
-    info = tarfile.TarInfo("./" + real)
-    info.size, info.mtime = len(data), mtime
-    info.mode = 0o755 if path == INIT else 0o644
-    out.addfile(info, io.BytesIO(data))
+    out.add(tarstream.Member("./" + real, mode=0o755 if path == INIT else 0o644, size=len(data),
+                             mtime=mtime), data)
     written.add(real)
     return real
 
@@ -535,6 +416,7 @@ def compress_to(path: Path, compression: str, write: Callable[[BinaryIO], object
         # Its own session: Ctrl-C reaches imagebuild, which stops it, rather than both at once.
         proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=target, stderr=errors,
                                 bufsize=BUFFER, start_new_session=True)
+        widen_pipe(proc.stdin)
         try:
             result = write(proc.stdin)
             proc.stdin.close()
@@ -581,12 +463,13 @@ def rootfs_stream(engine, image_id: str) -> Iterator[BinaryIO]:
         yield stream
 
 
-def rootfs_members(stream: BinaryIO) -> Iterator[tuple[str, tarfile.TarInfo]]:
+def rootfs_members(stream: BinaryIO) -> Iterator[tuple[str, tarstream.Member]]:
     """Each entry of a rootfs tar stream as (clean path, header); file contents are skipped."""
-    reading = _Reading(stream)
-    for member in reading.members():
-        yield _clean(member.name), member
-        _skip(reading, member)
+    try:
+        for member in tarstream.Reader(stream):
+            yield _clean(member.name), member
+    except tarstream.TarStreamError as err:
+        raise UnreadableRootfs(f"the image's filesystem stream is damaged: {err}") from None
 
 
 def _throttled(progress: Progress, total: int) -> Callable[[int], None]:

@@ -83,6 +83,17 @@ class Engine(abc.ABC):
         return self.inspect(ref) is not None
 
 
+def widen_pipe(stream, size: int = 1 << 20) -> None:
+    """Let a pipe hold up to size bytes (Linux's default is 64 KiB), so a producer and a consumer
+    on either side of imagebuild keep working while it handles the previous chunk. Best effort:
+    the kernel's pipe-max-size, or a stream that is not a pipe, leaves it as it was."""
+    import fcntl
+    try:
+        fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, size)
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
 def run_streaming(command: Sequence[str], progress: Progress, *, env: Mapping[str, str] | None = None,
                   keep: int = 60) -> tuple[int, list[str]]:
     """Run a build tool, handing each output line to progress; (exit code, its last `keep` lines)."""

@@ -14,7 +14,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from imagebuild.engine import Engine, ImageInfo, Progress, RunResult, run_streaming
+from imagebuild.engine import Engine, ImageInfo, Progress, RunResult, run_streaming, widen_pipe
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
 
 # Debian's docker.io CLI (20.10) runs BuildKit builds itself; newer CLIs need the buildx plugin.
@@ -161,6 +161,7 @@ class DockerEngine(Engine):
             with tempfile.TemporaryFile() as errors:
                 proc = subprocess.Popen([self.cli, "export", container], stdout=subprocess.PIPE,
                                         stderr=errors, bufsize=_EXPORT_CHUNK)
+                widen_pipe(proc.stdout)
                 try:
                     yield proc.stdout
                     finished = proc.stdout.read(1) == b""  # the caller read it all
