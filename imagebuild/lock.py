@@ -265,6 +265,13 @@ def lock_patches(recipe: Recipe, packages: dict[str, str]) -> tuple[LockedPatch,
     return tuple(locked)
 
 
+def check_prune_targets(recipe: Recipe, packages: dict[str, str]) -> None:
+    for index, entry in enumerate(recipe.prune):
+        if entry.package not in packages:
+            raise LockError(f"{recipe.path}: [[prune]] #{index + 1} prunes {entry.package}, which the resolve "
+                            "does not contain: drop the entry, or fix its package name")
+
+
 def cuda_summary(recipe: Recipe) -> dict:
     if recipe.cuda is None:
         return {}
@@ -275,6 +282,7 @@ def cuda_summary(recipe: Recipe) -> dict:
 def resolve_lock(recipe: Recipe, base: BaseIdentity) -> Lock:
     wheels, resolver = resolve_wheels(recipe, base)
     packages = {w.name: w.version for w in wheels}
+    check_prune_targets(recipe, packages)
     return Lock(recipe=recipe.stem, recipe_sha256=recipe_sha256(recipe), tool_version=__version__,
                 template_sha256=template_sha256(), base=base, python_platform=base.uv_platform,
                 resolver=resolver, wheels=wheels, patches=lock_patches(recipe, packages),

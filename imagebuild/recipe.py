@@ -66,6 +66,16 @@ class Patch:
 
 
 @dataclass(frozen=True)
+class Prune:
+    """Files of one distribution the image's stack cannot use, removed or stripped at install."""
+
+    package: str  # canonical distribution name
+    remove: tuple[str, ...] = ()  # globs over the distribution's RECORD paths
+    strip_debug: tuple[str, ...] = ()  # ELF files whose debug sections go
+    reason: str = ""  # why nothing in the image can use them (reports, tombstone modules)
+
+
+@dataclass(frozen=True)
 class SmokeSpec:
     """What the in-image smoke test does beyond its standard checks."""
 
@@ -81,6 +91,7 @@ class Recipe:
     python: PythonSpec
     cuda: CudaSpec | None
     patches: tuple[Patch, ...] = ()
+    prune: tuple[Prune, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     smoke: SmokeSpec = SmokeSpec()
@@ -93,7 +104,7 @@ class Recipe:
 
 DEBIAN_ARCHS = ("amd64", "arm64")
 
-_TOP_KEYS = ("image", "base", "python", "cuda", "patches", "env", "labels", "smoke")
+_TOP_KEYS = ("image", "base", "python", "cuda", "patches", "prune", "env", "labels", "smoke")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _IMAGE_KEYS = ("name", "tag")
 _DEBIAN_KEYS = ("debian", "packages", "arch")
@@ -101,6 +112,8 @@ _IMAGE_BASE_KEYS = ("image", "python", "glibc", "python_path")
 _PYTHON_KEYS = ("requirements", "constraints", "exclude", "extra_index_urls", "exclude_newer", "layers")
 _CUDA_KEYS = ("toolkit", "archs", "min_driver")
 _PATCH_KEYS = ("package", "file", "strip")
+_PRUNE_KEYS = ("package", "remove", "strip_debug", "reason")
+_RECORD_GLOB = re.compile(r"(?!/)(?!.*(?:^|/)\.\.(?:/|$))[^\0\n\r\\]+")
 
 # Docker reference grammar (distribution/reference): [registry[:port]/]component(/component)*
 _HOST = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
@@ -144,6 +157,7 @@ def parse_recipe(text: str, path: Path) -> Recipe:
         python=python,
         cuda=None if cuda is None else _cuda(read, cuda),
         patches=_patches(read, doc, absolute.parent),
+        prune=_prune(read, doc),
         env=_string_map(read, doc, "env", _ENV_NAME,
                         "is not an environment variable name", "letters, digits and _, not starting with a digit"),
         labels=_string_map(read, doc, "labels", _ANY_KEY, "is not a label key", "a label key cannot be empty"),
@@ -430,6 +444,40 @@ def _patches(read: RecipeReader, doc: dict, folder: Path) -> tuple[Patch, ...]:
             raise read.error(key + ("strip",), "must be 0 or more", hint="the -p level of `patch`, usually 1")
         patches.append(Patch(package=package, path=path, strip=strip))
     return tuple(patches)
+
+
+def _prune(read: RecipeReader, doc: dict) -> tuple[Prune, ...]:
+    items = doc.get("prune")
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise read.error(("prune",), f"expected a list of tables ([[prune]]), got {toml_kind(items)}")
+    entries = []
+    for index, item in enumerate(items):
+        key = ("prune", index)
+        if not isinstance(item, dict):
+            raise read.error(key, f"expected a table, got {toml_kind(item)}")
+        read.known_keys(item, key, _PRUNE_KEYS)
+        package = read.string(item, key + ("package",), required=True, example='"sglang-kernel"')
+        package = _distribution_name(read, key + ("package",), package)
+        globs = {}
+        for name in ("remove", "strip_debug"):
+            globs[name] = tuple(read.strings(item, key + (name,), example='["pkg/unused_ops.so"]'))
+            for position, pattern in enumerate(globs[name]):
+                if not _RECORD_GLOB.fullmatch(pattern):
+                    raise read.error(key + (name, position), f"{show(pattern)} is not a path glob inside "
+                                     "site-packages",
+                                     hint="relative, / between folders, no .., e.g. \"sgl_kernel/flash_ops*.so\"")
+        if not globs["remove"] and not globs["strip_debug"]:
+            raise read.error(key, "prunes nothing", hint="give remove = [globs] or strip_debug = [globs]")
+        reason = read.string(item, key + ("reason",), required=True,
+                             example='"SASS for sm_80/sm_90a only: an SM120 GPU cannot run it"')
+        if not reason.strip() or "\n" in reason or "\r" in reason:
+            raise read.error(key + ("reason",), "must be one non-empty line",
+                             hint="say why nothing in the image can use these files")
+        entries.append(Prune(package=package, remove=globs["remove"], strip_debug=globs["strip_debug"],
+                             reason=reason.strip()))
+    return tuple(entries)
 
 
 def _not_a_file(path: Path) -> str | None:

@@ -26,6 +26,7 @@ from imagebuild.recipe import Recipe
 VENV = "/opt/venv"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PATCHER_SOURCE = Path(__file__).resolve().parent / "apply_patch.py"
+PRUNER_SOURCE = Path(__file__).resolve().parent / "prune.py"
 LABEL_PREFIX = "io.imagebuild"
 
 
@@ -47,6 +48,11 @@ class LayerValues:
     megabytes: int
     lines: tuple[str, ...]
     links: tuple[Link, ...]
+    prune: tuple[dict, ...] = ()  # the recipe's [[prune]] entries for this layer's distributions
+
+    @property
+    def prune_file(self) -> str:
+        return self.file.replace(".txt", ".json")
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,22 @@ def toolchain_links(lock: Lock) -> tuple[Link, ...]:
             Link(f"{home}/lib/libcudart.so", f"libcudart.so.{Version(runtime).major}"))
 
 
-def layer_values(lock: Lock) -> tuple[LayerValues, ...]:
+def prune_specs(lock: Lock, recipe: Recipe) -> dict[str, tuple[dict, ...]]:
+    """The recipe's [[prune]] entries by the layer that installs their distribution."""
+    layer_of = {w.name: w.layer for w in lock.wheels}
+    specs: dict[str, list[dict]] = {}
+    for index, entry in enumerate(recipe.prune):
+        if entry.package not in layer_of:
+            raise RecipeError(recipe.path, f"prunes {entry.package}, which the lock does not install",
+                              key=f"prune[{index}].package", hint="relock, or drop the entry")
+        specs.setdefault(layer_of[entry.package], []).append(
+            {"package": entry.package, "remove": list(entry.remove), "strip_debug": list(entry.strip_debug),
+             "reason": entry.reason})
+    return {layer: tuple(items) for layer, items in specs.items()}
+
+
+def layer_values(lock: Lock, prune: dict[str, tuple[dict, ...]] | None = None) -> tuple[LayerValues, ...]:
+    prune = prune or {}
     links = toolchain_links(lock)
     link_layer = next((w.layer for w in lock.wheels if w.name == "nvidia-cuda-runtime"), None)
     layers = []
@@ -101,7 +122,7 @@ def layer_values(lock: Lock) -> tuple[LayerValues, ...]:
             name=name, file=f"{len(layers) + 1}-{name}.txt", count=len(wheels),
             megabytes=round(sum(w.size for w in wheels) / 1e6),
             lines=tuple(w.requirement_line for w in wheels),
-            links=links if name == link_layer else ()))
+            links=links if name == link_layer else (), prune=prune.get(name, ())))
     return tuple(layers)
 
 
@@ -130,6 +151,8 @@ def labels(lock: Lock, recipe: Recipe) -> dict[str, str]:
     if lock.cuda:
         ours[f"{LABEL_PREFIX}.cuda"] = lock.cuda["toolkit"]
         ours[f"{LABEL_PREFIX}.cuda.archs"] = ",".join(lock.cuda["archs"])
+    if recipe.prune:
+        ours[f"{LABEL_PREFIX}.pruned"] = ",".join(sorted({entry.package for entry in recipe.prune}))
     if lock.patches:
         ours[f"{LABEL_PREFIX}.patches"] = ",".join(f"{p.package}:{p.sha256}" for p in lock.patches)
     clash = sorted(k for k in recipe.labels if k.startswith(LABEL_PREFIX + "."))
@@ -162,7 +185,7 @@ def render_values(lock: Lock, recipe: Recipe) -> RenderValues:
     return RenderValues(
         tool_version=__version__, recipe=lock.recipe, base_ref=lock.base.image_ref,
         python_path=lock.base.python_path, venv=VENV, site_packages=site_packages(lock),
-        env_base=base_env(lock), env_recipe=dict(recipe.env), layers=layer_values(lock),
+        env_base=base_env(lock), env_recipe=dict(recipe.env), layers=layer_values(lock, prune_specs(lock, recipe)),
         patches=lock.patches, labels=labels(lock, recipe),
         expect=expectations(lock, recipe.smoke.imports))
 
@@ -212,6 +235,15 @@ def render_context(lock: Lock, recipe: Recipe, out_dir: Path, *, uv_path: str | 
         bundle.write_zipapp(meta / "probe.pyz")
         (meta / "expect.json").write_text(json.dumps(values.expect, indent=2, sort_keys=True) + "\n")
         (meta / "lock.json").write_text(lock_text if lock_text is not None else lock.to_json())
+        if any(layer.prune for layer in values.layers):
+            # Bind-mounted into the install steps, never copied into a layer.
+            (staging / "prune").mkdir()
+            shutil.copyfile(PRUNER_SOURCE, staging / "prune" / "prune.py")
+            shutil.copyfile(PATCHER_SOURCE, staging / "prune" / "apply_patch.py")
+            for layer in values.layers:
+                if layer.prune:
+                    (staging / "prune" / layer.prune_file).write_text(
+                        json.dumps(layer.prune, indent=2, sort_keys=True) + "\n")
         if lock.patches:
             shutil.copyfile(PATCHER_SOURCE, meta / "apply_patch.py")
             (staging / "patches").mkdir()

@@ -1,0 +1,149 @@
+"""What in a site-packages tree the stack cannot use on the target GPU: prune candidates.
+
+Three kinds, each read from the files themselves (stdlib only, nothing imported or loaded):
+- no-code-for-target: a shared library whose CUDA fat binary holds no SASS the target can run
+  (same major, minor at most the target's) and no PTX it could JIT, e.g. FlashAttention 3's
+  sm_80/sm_86/sm_90a-only build on an SM120 GPU;
+- static-archive: *.a files, which only a linker reads;
+- debug-sections: .debug_* sections of ELF files, which only debuggers read.
+
+    python probe.pyz --waste 120 [--site DIR]
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import asdict, dataclass
+
+FATBIN_MAGIC = 0xBA55ED50
+KIND_PTX, KIND_SASS = 1, 2
+MIN_REPORTED = 1 << 20  # candidates smaller than this are not worth a recipe line
+
+
+@dataclass
+class Candidate:
+    path: str  # relative to site-packages
+    distribution: str
+    kind: str  # no-code-for-target, static-archive, debug-sections
+    bytes: int  # what pruning it gives back
+    detail: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def elf_sections(path: str) -> dict[str, tuple[int, int]]:
+    """Section name -> (file offset, size) for a 64-bit little-endian ELF file; {} for anything else."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return {}
+            shoff, = struct.unpack_from("<Q", head, 0x28)
+            shentsize, shnum, shstrndx = struct.unpack_from("<HHH", head, 0x3A)
+            if shentsize != 64 or not 0 < shnum < 65280 or shstrndx >= shnum:
+                return {}
+            file.seek(shoff)
+            table = file.read(shnum * 64)
+            if len(table) < shnum * 64:
+                return {}
+            headers = [struct.unpack_from("<IIQQQQ", table, i * 64) for i in range(shnum)]
+            names_at, names_size = headers[shstrndx][4], headers[shstrndx][5]
+            file.seek(names_at)
+            names = file.read(min(names_size, 1 << 20))
+    except OSError:
+        return {}
+    sections = {}
+    for name_offset, kind, _, _, offset, size in headers:
+        end = names.find(b"\0", name_offset)
+        if 0 <= name_offset < len(names) and end >= 0:
+            sections[names[name_offset:end].decode("ascii", "replace")] = (offset, size if kind != 8 else 0)
+    return sections
+
+
+def fatbin_code(path: str, offset: int, size: int) -> tuple[set[int], set[int]]:
+    """(SASS archs, PTX archs) of the fat binaries in a .nv_fatbin section: 90 for sm_90/sm_90a."""
+    sass, ptx = set(), set()
+    try:
+        with open(path, "rb") as file:
+            position, end = offset, offset + size
+            while position + 16 <= end:
+                file.seek(position)
+                magic, _, header_size, fat_size = struct.unpack("<IHHQ", file.read(16))
+                if magic != FATBIN_MAGIC:
+                    position += 8  # blobs sit on 8-byte boundaries, padding between them
+                    continue
+                entry, blob_end = position + header_size, min(position + header_size + fat_size, end)
+                while entry + 32 <= blob_end:
+                    file.seek(entry)
+                    head = file.read(32)
+                    kind, _, entry_header, payload = struct.unpack_from("<HHIQ", head, 0)
+                    arch, = struct.unpack_from("<I", head, 28)
+                    if entry_header < 32:
+                        break
+                    (ptx if kind == KIND_PTX else sass if kind == KIND_SASS else set()).add(arch)
+                    entry += entry_header + payload
+                position = blob_end + (-blob_end % 8)
+    except (OSError, struct.error):
+        pass
+    return sass, ptx
+
+
+def runs_on(sass: set[int], ptx: set[int], target: int) -> bool:
+    """SASS runs on GPUs of its major with an equal or higher minor; PTX JIT-compiles forward."""
+    return any(a // 10 == target // 10 and a <= target for a in sass) or any(a <= target for a in ptx)
+
+
+def _owners(site: str) -> dict[str, str]:
+    """Path relative to site -> distribution name, from every RECORD."""
+    owners = {}
+    for entry in os.listdir(site):
+        if not entry.endswith(".dist-info"):
+            continue
+        name = entry[:-len(".dist-info")].rsplit("-", 1)[0]
+        try:
+            with open(os.path.join(site, entry, "RECORD"), encoding="utf-8", errors="replace") as file:
+                for line in file:
+                    owners[line.split(",", 1)[0]] = name
+        except OSError:
+            continue
+    return owners
+
+
+def _archs(archs: set[int]) -> str:
+    return ", ".join(f"sm_{a}" for a in sorted(archs)) or "none"
+
+
+def find_waste(site: str, target: int) -> list[Candidate]:
+    owners = _owners(site)
+    found = []
+    for folder, _, files in os.walk(site):
+        for name in files:
+            full = os.path.join(folder, name)
+            relative = os.path.relpath(full, site).replace(os.sep, "/")
+            try:
+                size = os.lstat(full).st_size
+            except OSError:
+                continue
+            if size < MIN_REPORTED or os.path.islink(full):
+                continue
+            owner = owners.get(relative, "?")
+            if name.endswith(".a"):
+                found.append(Candidate(relative, owner, "static-archive", size, "read only by a linker"))
+                continue
+            sections = elf_sections(full)
+            if not sections:
+                continue
+            fatbin = sections.get(".nv_fatbin")
+            if fatbin and fatbin[1]:
+                sass, ptx = fatbin_code(full, *fatbin)
+                if (sass or ptx) and not runs_on(sass, ptx, target):
+                    found.append(Candidate(relative, owner, "no-code-for-target", size,
+                                           f"SASS {_archs(sass)}; PTX {_archs(ptx)}: nothing sm_{target} runs"))
+                    continue
+            debug = sum(size for section, (_, size) in sections.items() if section.startswith(".debug_"))
+            if debug >= MIN_REPORTED:
+                found.append(Candidate(relative, owner, "debug-sections", debug,
+                                       f"{debug / 1e6:.0f} MB of .debug_* sections"))
+    return sorted(found, key=lambda c: (-c.bytes, c.path))
