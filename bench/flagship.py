@@ -94,6 +94,13 @@ def size_breakdown(image: str) -> dict[str, int]:
     return json.loads(done.stdout)
 
 
+def waste_report(image: str, arch: int = 120) -> dict:
+    """What the image still carries that its stack cannot use on arch (the probe reads the files)."""
+    done = sh(DOCKER, "run", "--rm", "--network", "none", image, "/opt/venv/bin/python",
+              "/opt/imagebuild/probe.pyz", "--waste", str(arch))
+    return json.loads(done.stdout)
+
+
 class _Results(dict):
     """Each measurement is printed as it lands: a run that dies late still leaves its numbers."""
 
@@ -138,6 +145,7 @@ def main() -> None:
         smoke_s, smoke = clock(lambda: pipeline.smoke(report.image, engine))
         results["ours_smoke_s"] = smoke_s
         ours_sizes = size_breakdown(report.image)
+        waste = waste_report(report.image)
 
         results["ours_noop_s"], _ = clock(lambda: pipeline.build(recipe, engine, ca=str(ca)))
 
@@ -170,8 +178,14 @@ def main() -> None:
     unusable = {n: s for n, s in ours_sizes.items() if re.search(r"cu12\b|-cu12$", n.lower())}
     print("CUDA 12 builds in this CUDA 13 image (candidates for [python].exclude):",
           ", ".join(f"{n} ({s / 1e6:.0f} MB)" for n, s in unusable.items()) or "none")
+    print(f"\nstill in the image that sm_{waste['arch']} cannot use ({waste['bytes'] / 1e6:.0f} MB; "
+          "candidates for [[prune]], probe --waste):")
+    for item in waste["candidates"][:15]:
+        print(f"  {item['bytes'] / 1e6:7.1f} MB  {item['kind']:18s} {item['distribution']}: {item['path']}"
+              f"  ({item['detail']})")
     if args.json:
-        args.json.write_text(json.dumps({"results": results, "sizes": ours_sizes}, indent=2, sort_keys=True))
+        args.json.write_text(json.dumps({"results": results, "sizes": ours_sizes, "waste": waste},
+                                        indent=2, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tarfile
 import os
 import uuid
 from pathlib import Path
@@ -115,3 +116,37 @@ def test_gpus_without_an_nvidia_runtime_is_one_clear_error(engine):
     """This engine has no NVIDIA runtime (no GPU here): asking for GPUs must say what to install."""
     with pytest.raises(EngineUnavailable, match="nvidia-container-toolkit.*--no-gpus"):
         engine.run(read_lock(REPO / "lockfiles" / "cuda-toolchain.lock").base.image_ref, ["true"], gpus=True)
+
+
+def test_pruned_files_never_reach_a_layer_and_leave_a_tombstone(engine, write_recipe, cleanup):
+    """markupsafe without its C speedups: the file is removed in the install step, RECORD stays
+    true, importing it names the reason, and markupsafe falls back to its pure-Python escape."""
+    name = f"prune-{os.getpid()}"
+    recipe = _copy_recipe(write_recipe, name, requirements_extra='  "markupsafe==3.0.2",\n')
+    recipe.write_text(recipe.read_text() + '\n[[prune]]\npackage = "MarkupSafe"\n'
+                      'remove = ["markupsafe/_speedups*.so"]\nreason = "pure-Python escaping is enough here"\n')
+    report = pipeline.build(recipe, engine)
+    cleanup.append(report.image)
+    assert report.smoke.ok
+    assert engine.inspect(report.image).labels["io.imagebuild.pruned"] == "markupsafe"
+    script = (
+        "import base64, csv, hashlib, importlib.metadata as m, markupsafe\n"
+        "d = m.distribution('markupsafe')\n"
+        "bad = [str(f) for f in d.files if f.hash and base64.urlsafe_b64encode(hashlib.sha256("
+        "f.locate().read_bytes()).digest()).rstrip(b'=').decode() != f.hash.value]\n"
+        "print(markupsafe._escape_inner.__module__, bad, markupsafe.escape('<a>'))\n"
+        "try:\n    import markupsafe._speedups\nexcept ImportError as e:\n    print('ImportError:', e)\n")
+    done = engine.run(report.image, ["python", "-c", script])
+    assert done.exit_code == 0, done.stderr
+    first, second = done.stdout.strip().splitlines()
+    assert first == "markupsafe._native [] &lt;a&gt;"
+    assert second.startswith("ImportError: markupsafe/_speedups.") and "pure-Python escaping" in second
+    # Removed in the step that installed it: no layer of the image carries the library.
+    seen: list[str] = []
+    with engine.save(report.image) as stream, tarfile.open(fileobj=stream, mode="r|") as saved:
+        for member in saved:
+            if member.isfile() and member.name.endswith("layer.tar"):
+                with tarfile.open(fileobj=saved.extractfile(member), mode="r|") as layer:
+                    seen += [entry.name for entry in layer if "markupsafe" in entry.name]
+    assert any(n.endswith("markupsafe/_speedups.py") for n in seen)  # the layer that installed it was read
+    assert not [n for n in seen if "_speedups" in n and n.endswith(".so")]

@@ -17,7 +17,7 @@ from imagebuild.errors import RecipeError
 from imagebuild.lock import LockedPatch, LockedWheel, parse_pylock
 from imagebuild.layers import LayerPlan
 from imagebuild.probe import bundle
-from imagebuild.recipe import CudaSpec, DebianBase, Patch, PythonSpec, Recipe
+from imagebuild.recipe import CudaSpec, DebianBase, Patch, Prune, PythonSpec, Recipe
 from imagebuild.render import docker_quote, render_context, render_dockerfile, render_values
 from tests.test_lock import FIXTURES, _lock
 
@@ -59,6 +59,35 @@ def test_patched_recipe_dockerfile_matches_golden(tmp_path):
         LockedPatch("sgl-deep-gemm", "01-fix.patch", "f" * 64, 1, "0.2.3.post2"),))
     recipe = _recipe(tmp_path, patches=(Patch("sgl-deep-gemm", patch_file, 1),))
     _check_golden("patched.Dockerfile", render_dockerfile(render_values(lock, recipe)))
+
+
+PRUNE = (Prune("nvidia-cuda-nvcc", remove=("nvidia/cu13/lib/*_static.a",), reason="read only by a linker"),
+         Prune("sgl-deep-gemm", strip_debug=("deep_gemm/*.so",), reason="debug sections"))
+
+
+def test_pruned_recipe_dockerfile_matches_golden(tmp_path):
+    _check_golden("pruned.Dockerfile", render_dockerfile(render_values(_lock(), _recipe(tmp_path, prune=PRUNE))))
+
+
+def test_pruning_runs_in_the_install_step_of_the_layer_holding_the_package(tmp_path):
+    values = render_values(_lock(), _recipe(tmp_path, prune=PRUNE))
+    by_layer = {layer.name: [entry["package"] for entry in layer.prune] for layer in values.layers}
+    assert by_layer == {"framework": ["nvidia-cuda-nvcc"], "kernels": ["sgl-deep-gemm"]}
+    assert values.labels["io.imagebuild.pruned"] == "nvidia-cuda-nvcc,sgl-deep-gemm"
+    context = render_context(_lock(), _recipe(tmp_path, prune=PRUNE), tmp_path / "ctx", uv_path=None)
+    spec = json.loads((context / "prune" / "1-framework.json").read_text())
+    assert spec == [{"package": "nvidia-cuda-nvcc", "remove": ["nvidia/cu13/lib/*_static.a"], "strip_debug": [],
+                     "reason": "read only by a linker"}]
+    assert (context / "prune" / "prune.py").exists() and (context / "prune" / "apply_patch.py").exists()
+    assert json.loads((context / "prune" / "2-kernels.json").read_text())[0]["strip_debug"] == ["deep_gemm/*.so"]
+    # Bind-mounted, not copied: nothing of the pruner lands in a layer.
+    assert "COPY prune" not in (context / "Dockerfile").read_text()
+
+
+def test_pruning_a_package_the_lock_lacks_names_the_entry(tmp_path):
+    recipe = _recipe(tmp_path, prune=(Prune("six", remove=("six.py",), reason="r"),))
+    with pytest.raises(RecipeError, match=r"prune\[0\].package.*six"):
+        render_values(_lock(), recipe)
 
 
 def test_bumping_the_application_pin_changes_only_the_last_layer(tmp_path):

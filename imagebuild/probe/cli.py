@@ -2,6 +2,7 @@
 
     probe [--expect PATH] [--workdir DIR] [--skip-compile]
     probe --doctor [--driver-file PATH]
+    probe --waste ARCH [--site DIR]      (prune candidates for GPU arch ARCH, e.g. 120)
 
 prints one JSON report and exits 0 when no check failed, 1 when one did, and 2 when the expect file
 is unreadable or invalid.
@@ -19,6 +20,7 @@ from .gpu_compute import check_gpu_compute
 from .gpus import DRIVER_VERSION_FILE
 from .report import FAIL, make_check, make_report
 from .stack import check_flashinfer_dynamo, check_gpu, check_imports, check_torch_cuda, gpu_visible
+from .waste import find_waste
 from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter, check_packages
 
 
@@ -55,7 +57,17 @@ def main(argv: list | None = None) -> int:
                         "the ML stack as they are, without an expect file")
     parser.add_argument("--driver-file", default=DRIVER_VERSION_FILE,
                         help=f"the kernel module's version file (default {DRIVER_VERSION_FILE})")
+    parser.add_argument("--waste", type=int, metavar="ARCH",
+                        help="list what the stack cannot use on GPU arch ARCH (e.g. 120): prune candidates")
+    parser.add_argument("--site", help="site-packages for --waste (default: this interpreter's)")
     args = parser.parse_args(argv)
+    if args.waste is not None:
+        import sysconfig
+        site = args.site or sysconfig.get_paths()["purelib"]
+        candidates = [c.to_dict() for c in find_waste(site, args.waste)]
+        print(json.dumps({"site": site, "arch": args.waste, "candidates": candidates,
+                          "bytes": sum(c["bytes"] for c in candidates)}, indent=2, sort_keys=True))
+        return 0
     if args.doctor:
         report = run_doctor(args.driver_file)
         print(json.dumps(report, indent=2, sort_keys=True))

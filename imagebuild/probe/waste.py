@@ -1,9 +1,9 @@
 """What in a site-packages tree the stack cannot use on the target GPU: prune candidates.
 
 Three kinds, each read from the files themselves (stdlib only, nothing imported or loaded):
-- no-code-for-target: a shared library whose CUDA fat binary holds no SASS the target can run
-  (same major, minor at most the target's) and no PTX it could JIT, e.g. FlashAttention 3's
-  sm_80/sm_86/sm_90a-only build on an SM120 GPU;
+- no-code-for-target: a shared library that is mostly CUDA fat binary (FATBIN_SHARE) and holds no
+  SASS the target can run (same major, minor at most the target's) and no PTX it could JIT, e.g.
+  FlashAttention 3's sm_80/sm_86/sm_90a-only build on an SM120 GPU;
 - static-archive: *.a files, which only a linker reads;
 - debug-sections: .debug_* sections of ELF files, which only debuggers read.
 
@@ -19,6 +19,9 @@ from dataclasses import asdict, dataclass
 FATBIN_MAGIC = 0xBA55ED50
 KIND_PTX, KIND_SASS = 1, 2
 MIN_REPORTED = 1 << 20  # candidates smaller than this are not worth a recipe line
+# A library whose fat binary is a small part of it keeps its GPU code elsewhere (cuFFT loads its
+# kernels from its own data at run time; its .nv_fatbin is 672 bytes of sm_75): no verdict on it.
+FATBIN_SHARE = 0.5
 
 
 @dataclass
@@ -84,7 +87,8 @@ def fatbin_code(path: str, offset: int, size: int) -> tuple[set[int], set[int]]:
                         break
                     (ptx if kind == KIND_PTX else sass if kind == KIND_SASS else set()).add(arch)
                     entry += entry_header + payload
-                position = blob_end + (-blob_end % 8)
+                position = max(blob_end, position + 16)
+                position += -position % 8
     except (OSError, struct.error):
         pass
     return sass, ptx
@@ -136,7 +140,7 @@ def find_waste(site: str, target: int) -> list[Candidate]:
             if not sections:
                 continue
             fatbin = sections.get(".nv_fatbin")
-            if fatbin and fatbin[1]:
+            if fatbin and fatbin[1] >= FATBIN_SHARE * size:
                 sass, ptx = fatbin_code(full, *fatbin)
                 if (sass or ptx) and not runs_on(sass, ptx, target):
                     found.append(Candidate(relative, owner, "no-code-for-target", size,

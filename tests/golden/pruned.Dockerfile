@@ -1,0 +1,63 @@
+# Rendered by imagebuild 0.1.0 from recipe "cuda-toolchain" and its lock.
+# Do not edit: change the recipe, then `imagebuild lock` and `imagebuild build`.
+# Needs BuildKit (DOCKER_BUILDKIT=1) for the cache and secret mounts.
+FROM imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee
+
+ENV VIRTUAL_ENV="/opt/venv" \
+    CUDA_HOME="/opt/venv/lib/python3.11/site-packages/nvidia/cu13" \
+    PATH="/opt/venv/bin:/opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+    LIBRARY_PATH="/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib" \
+    LD_LIBRARY_PATH="/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib"
+
+# The virtual environment holds every locked wheel; no pip inside, nothing resolved here.
+RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
+    uv venv --quiet --no-cache --python /usr/bin/python3 /opt/venv
+
+# Layer 1/2: framework (6 wheels, 104 MB of wheels)
+COPY requirements/1-framework.txt /opt/imagebuild/requirements/1-framework.txt
+RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
+    --mount=type=cache,id=imagebuild-uv,target=/root/.cache/uv,sharing=locked \
+    --mount=type=secret,id=ca \
+    --mount=type=bind,source=prune/prune.py,target=/run/imagebuild/prune.py \
+    --mount=type=bind,source=prune/apply_patch.py,target=/run/imagebuild/apply_patch.py \
+    --mount=type=bind,source=prune/1-framework.json,target=/run/imagebuild/prune.json \
+    set -eu; \
+    if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi; \
+    UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
+      --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/1-framework.txt; \
+    /opt/venv/bin/python /run/imagebuild/prune.py /opt/venv/lib/python3.11/site-packages /run/imagebuild/prune.json
+RUN ln -sfn lib /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib64 && ln -sfn libcudart.so.13 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so
+
+# Layer 2/2: kernels (1 wheels, 5 MB of wheels)
+COPY requirements/2-kernels.txt /opt/imagebuild/requirements/2-kernels.txt
+RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
+    --mount=type=cache,id=imagebuild-uv,target=/root/.cache/uv,sharing=locked \
+    --mount=type=secret,id=ca \
+    --mount=type=bind,source=prune/prune.py,target=/run/imagebuild/prune.py \
+    --mount=type=bind,source=prune/apply_patch.py,target=/run/imagebuild/apply_patch.py \
+    --mount=type=bind,source=prune/2-kernels.json,target=/run/imagebuild/prune.json \
+    set -eu; \
+    if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi; \
+    UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
+      --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/2-kernels.txt; \
+    /opt/venv/bin/python /run/imagebuild/prune.py /opt/venv/lib/python3.11/site-packages /run/imagebuild/prune.json
+
+ENV DG_JIT_CACHE_DIR="/var/cache/deep_gemm"
+
+# The smoke probe and what it checks against: the image carries its own lock.
+COPY imagebuild/probe.pyz imagebuild/expect.json imagebuild/lock.json /opt/imagebuild/
+
+LABEL "io.imagebuild.base"="imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee" \
+    "io.imagebuild.cuda"="13.0" \
+    "io.imagebuild.cuda.archs"="sm_120a" \
+    "io.imagebuild.lock.sha256"="aeb0bfd26f53020a2ad2bcdcd6aaa225446cb903454b3bc7d3061998edde4c3e" \
+    "io.imagebuild.pruned"="nvidia-cuda-nvcc,sgl-deep-gemm" \
+    "io.imagebuild.recipe"="cuda-toolchain" \
+    "io.imagebuild.recipe.sha256"="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" \
+    "io.imagebuild.template.sha256"="bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" \
+    "io.imagebuild.version"="0.1.0" \
+    "org.opencontainers.image.description"="say \"hi\" for \$5" \
+    "org.opencontainers.image.title"="imagebuild/cuda-toolchain" \
+    "org.opencontainers.image.version"="13.0"
+
+CMD ["python"]
