@@ -67,6 +67,7 @@ class Lock:
     wheels: tuple[LockedWheel, ...]
     patches: tuple[LockedPatch, ...] = ()
     cuda: dict = field(default_factory=dict)
+    payload_sha256: str = ""  # imagebuild's in-image code; "" in locks made before it was recorded
 
     @property
     def packages(self) -> dict[str, str]:
@@ -79,7 +80,8 @@ class Lock:
         return {
             "lock_version": LOCK_VERSION,
             "recipe": {"name": self.recipe, "sha256": self.recipe_sha256},
-            "imagebuild": {"version": self.tool_version, "template_sha256": self.template_sha256},
+            "imagebuild": {"version": self.tool_version, "template_sha256": self.template_sha256,
+                           **({"payload_sha256": self.payload_sha256} if self.payload_sha256 else {})},
             "base": self.base.to_dict(),
             "target": {"python": self.base.python, "platform": self.python_platform},
             "resolver": self.resolver,
@@ -113,6 +115,19 @@ def template_path() -> Path:
 
 def template_sha256() -> str:
     return sha256_bytes(template_path().read_bytes())
+
+
+def payload_sha256() -> str:
+    """imagebuild's own code that goes into or runs inside an image besides the wheels (the probe
+    zipapp, the patcher, the pruner): a change to it changes the image a lock builds."""
+    from imagebuild.probe import bundle
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name, data in (("probe.pyz", bundle.zipapp_bytes()),
+                       ("apply_patch.py", (here / "apply_patch.py").read_bytes()),
+                       ("prune.py", (here / "prune.py").read_bytes())):
+        digest.update(f"{name}\0{len(data)}\0".encode() + data)
+    return digest.hexdigest()
 
 
 def recipe_sha256(recipe: Recipe) -> str:
@@ -284,7 +299,8 @@ def resolve_lock(recipe: Recipe, base: BaseIdentity) -> Lock:
     packages = {w.name: w.version for w in wheels}
     check_prune_targets(recipe, packages)
     return Lock(recipe=recipe.stem, recipe_sha256=recipe_sha256(recipe), tool_version=__version__,
-                template_sha256=template_sha256(), base=base, python_platform=base.uv_platform,
+                template_sha256=template_sha256(), payload_sha256=payload_sha256(), base=base,
+                python_platform=base.uv_platform,
                 resolver=resolver, wheels=wheels, patches=lock_patches(recipe, packages),
                 cuda=cuda_summary(recipe))
 
@@ -336,6 +352,7 @@ def parse_lock(text: str, source: str) -> Lock:
                 recipe_sha256=reader.sha(recipe, "sha256", "recipe"),
                 tool_version=reader.string(tool, "version", "imagebuild"),
                 template_sha256=reader.sha(tool, "template_sha256", "imagebuild"),
+                payload_sha256=reader.sha(tool, "payload_sha256", "imagebuild") if "payload_sha256" in tool else "",
                 base=reader.base(top.get("base")),
                 python_platform=reader.string(target, "platform", "target"),
                 resolver=reader.string(top, "resolver", ""),
@@ -445,6 +462,10 @@ def stale_reasons(lock: Lock, recipe: Recipe) -> list[str]:
         reasons.append(f"{recipe.path.name} changed since it was locked")
     if lock.template_sha256 != template_sha256():
         reasons.append("Dockerfile.j2 changed since the lock was made")
+    if not lock.payload_sha256:
+        reasons.append("the lock predates the checksum of imagebuild's in-image code")
+    elif lock.payload_sha256 != payload_sha256():
+        reasons.append("imagebuild's in-image code (probe, patcher or pruner) changed since the lock was made")
     patches_now = [(p.package, sha256_bytes(p.path.read_bytes()), p.strip) for p in recipe.patches]
     if patches_now != [(p.package, p.sha256, p.strip) for p in lock.patches]:
         reasons.append("a patch file changed since the lock was made")

@@ -146,6 +146,7 @@ def labels(lock: Lock, recipe: Recipe) -> dict[str, str]:
         f"{LABEL_PREFIX}.recipe.sha256": lock.recipe_sha256,
         f"{LABEL_PREFIX}.lock.sha256": lock.sha256,
         f"{LABEL_PREFIX}.template.sha256": lock.template_sha256,
+        **({f"{LABEL_PREFIX}.payload.sha256": lock.payload_sha256} if lock.payload_sha256 else {}),
         f"{LABEL_PREFIX}.base": lock.base.image_ref,
     }
     if lock.cuda:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from imagebuild.bases import BaseIdentity
 from imagebuild.errors import LockError, ResolveFailed, StaleLock
 from imagebuild.layers import LayerPlan
+import imagebuild.lock as lock_module
 from imagebuild.lock import (Lock, LockedWheel, ensure_fresh, parse_lock, parse_pylock, read_lock,
                              resolve_lock, write_lock)
 from imagebuild.recipe import load_recipe
@@ -186,6 +187,28 @@ def test_a_changed_template_makes_the_lock_stale(write_recipe, tmp_path):
     lock = replace(resolve_lock(recipe, BOOKWORM), template_sha256="0" * 64)
     with pytest.raises(StaleLock, match="Dockerfile.j2 changed"):
         ensure_fresh(lock, recipe, tmp_path / "x.lock")
+
+
+def test_changed_in_image_code_makes_the_lock_stale(write_recipe, tmp_path, monkeypatch):
+    """The probe, patcher and pruner land in (or shape) the image: a lock names their checksum."""
+    recipe = load_recipe(write_recipe(SMALL))
+    lock = resolve_lock(recipe, BOOKWORM)
+    assert lock.payload_sha256 == lock_module.payload_sha256()
+    ensure_fresh(lock, recipe, tmp_path / "x.lock")
+    monkeypatch.setattr(lock_module, "payload_sha256", lambda: "9" * 64)
+    with pytest.raises(StaleLock, match="in-image code .probe, patcher or pruner. changed"):
+        ensure_fresh(lock, recipe, tmp_path / "x.lock")
+
+
+def test_a_lock_from_before_the_payload_checksum_reads_and_is_stale(write_recipe, tmp_path):
+    recipe = load_recipe(write_recipe(SMALL))
+    lock = resolve_lock(recipe, BOOKWORM)
+    data = json.loads(lock.to_json())
+    del data["imagebuild"]["payload_sha256"]
+    old = parse_lock(json.dumps(data), "old.lock")
+    assert old.payload_sha256 == ""
+    with pytest.raises(StaleLock, match="predates the checksum"):
+        ensure_fresh(old, recipe, tmp_path / "x.lock")
 
 
 def test_locked_wheel_layers_follow_the_plan():

@@ -226,7 +226,7 @@ KEY_ERRORS = [
     ('CUDA_HOME = "/opt/cuda"', 'CUDA_HOME = "x"\n[labels]\n"org.x" = true', 'labels."org.x"', "org.x",
      "expected a string, got boolean", None),
     ("[image]", 'dockerfile = "x"\n[image]', "dockerfile", "dockerfile", "unknown key 'dockerfile'",
-     "known keys: image, base, python, cuda, patches, env, labels"),
+     "known keys: image, base, python, cuda, patches, prune, env, labels"),
 ]
 
 
