@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
               f"peak RSS {row['peak_rss'] / 2**20:5.0f} MiB  {row['size'] / 1e6:5.0f} MB")
     print(f"ours / raw: time x{ratios['time']:.2f}, peak RSS x{ratios['peak_rss']:.2f}, "
           f"size x{ratios['size']:.3f}")
+    print(f"throughput ours / raw: {1 / ratios['time']:.2f}x (target >= 0.8x)")
     return 0
 
 

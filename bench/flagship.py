@@ -63,7 +63,11 @@ def sh(*command: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def prune() -> None:
+    """Builder cache (uv's wheel cache mount included) gone, and the disk settled: a removed 10 GB
+    image is still being written back when the next cold build starts otherwise."""
     sh(DOCKER, "builder", "prune", "-af")
+    sh("sync")
+    time.sleep(5)
 
 
 def clock(fn):
