@@ -1,7 +1,8 @@
 """Recipe: the TOML a user writes, parsed and validated into plain typed values.
 
 Every problem becomes one RecipeError naming the file, the key path, the line, and the fix.
-The types come first, then `load_recipe` / `parse_recipe`, then one checker per table.
+The types come first, then `load_recipe` / `parse_recipe`, then one checker per table; the tables
+that change installed distributions ([[patches]], [[prune]]) are recipe_edits.py's.
 docs/recipes.md documents the format.
 """
 
@@ -19,6 +20,7 @@ from packaging.utils import canonicalize_name
 
 from imagebuild.cuda import Arch, CudaVersion, parse_driver
 from imagebuild.layers import LAYER_ORDER
+from imagebuild.recipe_edits import Patch, Prune, distribution_name, parse_patches, parse_prune
 from imagebuild.recipe_toml import Key, RecipeReader, parse_toml, read_source, show, toml_kind
 
 
@@ -59,23 +61,6 @@ class CudaSpec:
 
 
 @dataclass(frozen=True)
-class Patch:
-    package: str  # canonical distribution name
-    path: Path  # absolute path of the patch file
-    strip: int = 1
-
-
-@dataclass(frozen=True)
-class Prune:
-    """Files of one distribution the image's stack cannot use, removed or stripped at install."""
-
-    package: str  # canonical distribution name
-    remove: tuple[str, ...] = ()  # globs over the distribution's RECORD paths
-    strip_debug: tuple[str, ...] = ()  # ELF files whose debug sections go
-    reason: str = ""  # why nothing in the image can use them (reports, tombstone modules)
-
-
-@dataclass(frozen=True)
 class SmokeSpec:
     """What the in-image smoke test does beyond its standard checks."""
 
@@ -111,9 +96,6 @@ _DEBIAN_KEYS = ("debian", "packages", "arch")
 _IMAGE_BASE_KEYS = ("image", "python", "glibc", "python_path")
 _PYTHON_KEYS = ("requirements", "constraints", "exclude", "extra_index_urls", "exclude_newer", "layers")
 _CUDA_KEYS = ("toolkit", "archs", "min_driver")
-_PATCH_KEYS = ("package", "file", "strip")
-_PRUNE_KEYS = ("package", "remove", "strip_debug", "reason")
-_RECORD_GLOB = re.compile(r"(?!/)(?!.*(?:^|/)\.\.(?:/|$))[^\0\n\r\\]+")
 
 # Docker reference grammar (distribution/reference): [registry[:port]/]component(/component)*
 _HOST = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
@@ -156,8 +138,8 @@ def parse_recipe(text: str, path: Path) -> Recipe:
         base=base,
         python=python,
         cuda=None if cuda is None else _cuda(read, cuda),
-        patches=_patches(read, doc, absolute.parent),
-        prune=_prune(read, doc),
+        patches=parse_patches(read, doc, absolute.parent),
+        prune=parse_prune(read, doc),
         env=_string_map(read, doc, "env", _ENV_NAME,
                         "is not an environment variable name", "letters, digits and _, not starting with a digit"),
         labels=_string_map(read, doc, "labels", _ANY_KEY, "is not a label key", "a label key cannot be empty"),
@@ -293,7 +275,7 @@ def _python(read: RecipeReader, table: dict) -> PythonSpec:
         _requirement(read, key + ("constraints", index), text)
     excluded = set()
     for index, text in enumerate(read.strings(table, key + ("exclude",))):
-        name = _distribution_name(read, key + ("exclude", index), text)
+        name = distribution_name(read, key + ("exclude", index), text)
         if name in required_at:
             raise read.error(key + ("exclude", index),
                              f"{name!r} is excluded but python.requirements[{required_at[name]}] requires it",
@@ -318,14 +300,6 @@ def _requirement(read: RecipeReader, key: Key, text: str) -> Requirement:
     except (ValueError, RecursionError) as err:  # InvalidRequirement is a ValueError
         raise read.error(key, f"{show(text)} is not a PEP 508 requirement: {err}",
                          hint='e.g. "torch==2.14.1" or "cuda-toolkit[nvcc]==13.0.3.0"') from None
-
-
-def _distribution_name(read: RecipeReader, key: Key, text: str) -> str:
-    try:
-        return canonicalize_name(text, validate=True)
-    except ValueError:
-        raise read.error(key, f"{show(text)} is not a distribution name",
-                         hint='a project name as on PyPI, without a version, e.g. "torch"') from None
 
 
 def _check_url(read: RecipeReader, key: Key, url: str) -> None:
@@ -415,78 +389,6 @@ def _cuda(read: RecipeReader, table: dict) -> CudaSpec:
         raise read.error(key + ("min_driver",), str(err),
                          hint="the oldest driver on the target hosts, as nvidia-smi prints it") from None
     return CudaSpec(toolkit=CudaVersion.parse(toolkit), archs=tuple(archs), min_driver=min_driver.strip())
-
-
-def _patches(read: RecipeReader, doc: dict, folder: Path) -> tuple[Patch, ...]:
-    items = doc.get("patches")
-    if items is None:
-        return ()
-    if not isinstance(items, list):
-        raise read.error(("patches",), f"expected a list of tables ([[patches]]), got {toml_kind(items)}")
-    patches = []
-    for index, item in enumerate(items):
-        key = ("patches", index)
-        if not isinstance(item, dict):
-            raise read.error(key, f"expected a table, got {toml_kind(item)}")
-        read.known_keys(item, key, _PATCH_KEYS)
-        package = read.string(item, key + ("package",), required=True, example='"flashinfer-python"')
-        package = _distribution_name(read, key + ("package",), package)
-        file = read.string(item, key + ("file",), required=True, example='"patches/fix.patch"')
-        path = Path(os.path.abspath(folder / file))
-        problem = _not_a_file(path)
-        if problem:
-            raise read.error(key + ("file",), f"patch file {path} {problem}",
-                             hint=f"patch paths are relative to the recipe's folder, {folder}")
-        strip = item.get("strip", 1)
-        if isinstance(strip, bool) or not isinstance(strip, int):
-            raise read.error(key + ("strip",), f"expected an integer, got {toml_kind(strip)}")
-        if strip < 0:
-            raise read.error(key + ("strip",), "must be 0 or more", hint="the -p level of `patch`, usually 1")
-        patches.append(Patch(package=package, path=path, strip=strip))
-    return tuple(patches)
-
-
-def _prune(read: RecipeReader, doc: dict) -> tuple[Prune, ...]:
-    items = doc.get("prune")
-    if items is None:
-        return ()
-    if not isinstance(items, list):
-        raise read.error(("prune",), f"expected a list of tables ([[prune]]), got {toml_kind(items)}")
-    entries = []
-    for index, item in enumerate(items):
-        key = ("prune", index)
-        if not isinstance(item, dict):
-            raise read.error(key, f"expected a table, got {toml_kind(item)}")
-        read.known_keys(item, key, _PRUNE_KEYS)
-        package = read.string(item, key + ("package",), required=True, example='"sglang-kernel"')
-        package = _distribution_name(read, key + ("package",), package)
-        globs = {}
-        for name in ("remove", "strip_debug"):
-            globs[name] = tuple(read.strings(item, key + (name,), example='["pkg/unused_ops.so"]'))
-            for position, pattern in enumerate(globs[name]):
-                if not _RECORD_GLOB.fullmatch(pattern):
-                    raise read.error(key + (name, position), f"{show(pattern)} is not a path glob inside "
-                                     "site-packages",
-                                     hint="relative, / between folders, no .., e.g. \"sgl_kernel/flash_ops*.so\"")
-        if not globs["remove"] and not globs["strip_debug"]:
-            raise read.error(key, "prunes nothing", hint="give remove = [globs] or strip_debug = [globs]")
-        reason = read.string(item, key + ("reason",), required=True,
-                             example='"SASS for sm_80/sm_90a only: an SM120 GPU cannot run it"')
-        if not reason.strip() or "\n" in reason or "\r" in reason:
-            raise read.error(key + ("reason",), "must be one non-empty line",
-                             hint="say why nothing in the image can use these files")
-        entries.append(Prune(package=package, remove=globs["remove"], strip_debug=globs["strip_debug"],
-                             reason=reason.strip()))
-    return tuple(entries)
-
-
-def _not_a_file(path: Path) -> str | None:
-    try:
-        if path.is_file():
-            return None
-        return "is not a file" if path.exists() else "does not exist"
-    except (OSError, ValueError) as err:  # a name too long, a NUL byte
-        return f"cannot be read ({getattr(err, 'strerror', None) or err})"
 
 
 def _string_map(read: RecipeReader, doc: dict, name: str, pattern: re.Pattern, bad_key: str,

@@ -4,6 +4,7 @@ while the same image without the FlashInfer patch demonstrably fails tier 2."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ from imagebuild.errors import FindingsFailed
 from imagebuild.lock import read_lock
 from imagebuild.patches import check_patches
 from imagebuild.recipe import load_recipe
+from imagebuild.verify import verify_image
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "sglang-blackwell.toml"
@@ -105,6 +107,17 @@ def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine):
         info = engine.inspect(report.image)
         lock = read_lock(REPO / "lockfiles" / "sglang-blackwell.lock")
         assert info.labels["io.imagebuild.patches"] == f"flashinfer-python:{lock.patches[0].sha256}"
+        # Patched and pruned, every RECORD still matches the files: verify finds nothing to report.
+        verified = verify_image(engine, report.image, REPO / "lockfiles" / "sglang-blackwell.lock")
+        assert verified.ok, verified.mismatches[:5]
+        # What the recipe prunes is gone, and the probe's waste scan no longer lists it.
+        assert info.labels["io.imagebuild.pruned"] == "nvidia-nccl-cu13,sglang-kernel,triton"
+        done = engine.run(report.image, ["python", "/opt/imagebuild/probe.pyz", "--waste", "120"])
+        waste = json.loads(done.stdout)
+        paths = {c["path"] for c in waste["candidates"]}
+        assert not paths & {"sgl_kernel/flash_ops.abi3.so", "sgl_kernel/flashmla_ops.abi3.so",
+                            "triton/_C/libtriton.so", "nvidia/nccl/lib/libnccl.so.2"}
+        assert not [p for p in paths if p.startswith("triton/") and p.endswith("_static.a")]
     finally:
         engine.remove(report.image)
 
