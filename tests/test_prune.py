@@ -236,6 +236,41 @@ def test_waste_lists_code_for_other_gpus_static_archives_and_debug_sections(tmp_
     assert found["k/dbg.so"].kind == "debug-sections" and found["k/dbg.so"].bytes < len(debug)
 
 
+SYSTEM = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64")  # libc, for gcc's output
+
+
+@needs_gcc
+def test_a_library_needing_what_the_image_lacks_is_unloadable(tmp_path, monkeypatch):
+    """A CUDA 12 build in a CUDA 13 image: it needs libcudart.so.12 and nothing provides it."""
+    monkeypatch.setattr(waste, "MIN_REPORTED", 1)
+    runtime = tmp_path / "libcudart.so.12"
+    compile_so(tmp_path, "cudart12", "int cudaRuntimeGetVersion(int *v) { *v = 12080; return 0; }\n",
+               "-Wl,-soname,libcudart.so.12")
+    (tmp_path / "cudart12.so").rename(runtime)
+    user = tmp_path / "user.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(user), "-x", "c", "-", "-x", "none",
+                    "-Wl,--no-as-needed", str(runtime)], input="int f(void) { return 1; }\n", text=True,
+                   check=True)
+    (tmp_path / "driver.c").write_text("int g(void) { return 2; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp_path / "libcuda.so.1"),
+                    str(tmp_path / "driver.c")], check=True)
+    driver_user = tmp_path / "driver_user.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(driver_user), "-x", "c", "-", "-x", "none",
+                    "-Wl,--no-as-needed", str(tmp_path / "libcuda.so.1")], input="int h(void) { return 3; }\n",
+                   text=True, check=True)
+    assert "libcudart.so.12" in waste.needed_libraries(str(user), waste.elf_sections(str(user)))
+    site = tmp_path / "site"
+    install(site, "ext", {"ext/lib/cu12/libext.so": user.read_bytes(), "ext/uses_driver.so": driver_user.read_bytes()})
+    found = {c.path: c for c in waste.find_waste(str(site), 120, provided=waste.provided_libraries(str(site), SYSTEM))}
+    assert found["ext/lib/cu12/libext.so"].kind == "unloadable"
+    assert "libcudart.so.12" in found["ext/lib/cu12/libext.so"].detail
+    assert "ext/uses_driver.so" not in found  # libcuda.so.1 comes from the host's driver
+    # Once something in the image provides the runtime, the library loads: no finding.
+    install(site, "cudart", {"cudart/lib/libcudart.so.12": runtime.read_bytes()})
+    again = waste.find_waste(str(site), 120, provided=waste.provided_libraries(str(site), SYSTEM))
+    assert "ext/lib/cu12/libext.so" not in {c.path for c in again}
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.booleans(), st.booleans(), st.binary(max_size=4096))
 def test_waste_readers_never_raise_on_any_bytes(elf, magic, data):

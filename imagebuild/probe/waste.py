@@ -1,6 +1,9 @@
 """What in a site-packages tree the stack cannot use on the target GPU: prune candidates.
 
-Three kinds, each read from the files themselves (stdlib only, nothing imported or loaded):
+Four kinds, each read from the files themselves (stdlib only, nothing imported or loaded):
+- unloadable: a shared library that needs (DT_NEEDED) a library nothing in the image provides,
+  e.g. a CUDA 12 build needing libcudart.so.12 in a CUDA 13 image; the host's driver libraries
+  (libcuda.so.1, libnvidia-*) count as provided;
 - no-code-for-target: a shared library that is mostly CUDA fat binary (FATBIN_SHARE) and holds no
   SASS the target can run (same major, minor at most the target's) and no PTX it could JIT, e.g.
   FlashAttention 3's sm_80/sm_86/sm_90a-only build on an SM120 GPU;
@@ -22,13 +25,18 @@ MIN_REPORTED = 1 << 20  # candidates smaller than this are not worth a recipe li
 # A library whose fat binary is a small part of it keeps its GPU code elsewhere (cuFFT loads its
 # kernels from its own data at run time; its .nv_fatbin is 672 bytes of sm_75): no verdict on it.
 FATBIN_SHARE = 0.5
+DT_NEEDED = 1
+SYSTEM_LIBRARY_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/lib/x86_64-linux-gnu",
+                       "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+                       "/usr/local/lib")
+HOST_DRIVER_PREFIXES = ("libcuda.so", "libnvidia-", "libnvcuvid.so", "libnvoptix.so")
 
 
 @dataclass
 class Candidate:
     path: str  # relative to site-packages
     distribution: str
-    kind: str  # no-code-for-target, static-archive, debug-sections
+    kind: str  # unloadable, no-code-for-target, static-archive, debug-sections
     bytes: int  # what pruning it gives back
     detail: str
 
@@ -63,6 +71,45 @@ def elf_sections(path: str) -> dict[str, tuple[int, int]]:
         if 0 <= name_offset < len(names) and end >= 0:
             sections[names[name_offset:end].decode("ascii", "replace")] = (offset, size if kind != 8 else 0)
     return sections
+
+
+def needed_libraries(path: str, sections: dict[str, tuple[int, int]]) -> list[str]:
+    """The DT_NEEDED names of an ELF file's dynamic section."""
+    dynamic, strings = sections.get(".dynamic"), sections.get(".dynstr")
+    if not dynamic or not strings:
+        return []
+    try:
+        with open(path, "rb") as file:
+            file.seek(dynamic[0])
+            entries = file.read(min(dynamic[1], 1 << 20))
+            file.seek(strings[0])
+            names = file.read(min(strings[1], 16 << 20))
+    except OSError:
+        return []
+    needed = []
+    for position in range(0, len(entries) - 15, 16):
+        tag, value = struct.unpack_from("<qQ", entries, position)
+        if tag == 0:
+            break
+        end = names.find(b"\0", value) if tag == DT_NEEDED and value < len(names) else -1
+        if end >= 0:
+            needed.append(names[value:end].decode("utf-8", "replace"))
+    return needed
+
+
+def provided_libraries(site: str, folders=SYSTEM_LIBRARY_DIRS) -> set[str]:
+    """File names a dynamic library could be found by: everything under site-packages (rpaths point
+    there) and the system's library folders."""
+    names = set()
+    for folder, _, files in os.walk(site):
+        names.update(name for name in files if ".so" in name)
+    for folder in (*folders, *os.environ.get("LD_LIBRARY_PATH", "").split(":")):
+        try:
+            entries = os.listdir(folder) if folder else []
+        except OSError:
+            continue
+        names.update(entry for entry in entries if ".so" in entry)
+    return names
 
 
 def fatbin_code(path: str, offset: int, size: int) -> tuple[set[int], set[int]]:
@@ -119,8 +166,9 @@ def _archs(archs: set[int]) -> str:
     return ", ".join(f"sm_{a}" for a in sorted(archs)) or "none"
 
 
-def find_waste(site: str, target: int) -> list[Candidate]:
+def find_waste(site: str, target: int, provided: set[str] | None = None) -> list[Candidate]:
     owners = _owners(site)
+    provided = provided_libraries(site) if provided is None else provided
     found = []
     for folder, _, files in os.walk(site):
         for name in files:
@@ -138,6 +186,12 @@ def find_waste(site: str, target: int) -> list[Candidate]:
                 continue
             sections = elf_sections(full)
             if not sections:
+                continue
+            missing = [lib for lib in needed_libraries(full, sections)
+                       if lib not in provided and not lib.startswith(HOST_DRIVER_PREFIXES)]
+            if missing:
+                found.append(Candidate(relative, owner, "unloadable", size,
+                                       f"needs {', '.join(missing)}, which nothing in the image provides"))
                 continue
             fatbin = sections.get(".nv_fatbin")
             if fatbin and fatbin[1] >= FATBIN_SHARE * size:
