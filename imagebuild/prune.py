@@ -74,8 +74,9 @@ def prune_package(site: str, package: str, remove: list[str], strip_debug: list[
     record_text = apply_patch._read_text(os.path.join(info, "RECORD"))
     if record_text is None:
         raise PruneError(f"{info}: has no RECORD, so what it installed cannot be pruned or re-hashed")
-    listed = sorted({posixpath.normpath(row[0]) for _, row in apply_patch._record_rows(record_text)
-                     if row and not row[0].startswith(dist.dist_info + "/")})
+    # Paths in site-packages only: RECORD also lists scripts installed to ../../bin.
+    recorded = {posixpath.normpath(row[0]) for _, row in apply_patch._record_rows(record_text) if row}
+    listed = sorted(path for path in recorded if not path.startswith((dist.dist_info + "/", "../", "/")))
     outputs: dict[str, bytes | None] = {}
     lines, log = [], []
     for kind, patterns in (("remove", remove), ("strip_debug", strip_debug)):

@@ -99,6 +99,17 @@ def test_a_glob_that_matches_nothing_stops_with_the_fix(tmp_path):
     assert (site / "kernels/ops.so").exists()
 
 
+def test_globs_never_reach_files_recorded_outside_site_packages(tmp_path):
+    site = tmp_path / "venv" / "lib" / "site"
+    info = install(site, "tool", {"tool/a.so": b"x"})
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "tool").write_text("#!/bin/sh\n")
+    with open(info / "RECORD", "a", newline="") as handle:
+        csv.writer(handle).writerow(["../../bin/tool", record_hash(b"#!/bin/sh\n"), "10"])
+    prune.prune_package(str(site), "tool", ["**"], [], "everything in site-packages")
+    assert (tmp_path / "venv" / "bin" / "tool").exists() and not (site / "tool" / "a.so").exists()
+
+
 def test_strip_debug_refuses_what_is_not_elf_and_nothing_changes(tmp_path):
     site = tmp_path / "site"
     info = install(site, "kernels", {"kernels/a.so": b"\x7fELF", "kernels/notes.txt": b"text"})
