@@ -122,6 +122,9 @@ def verify_command(args, out: Console, err: Console) -> int:
     else:
         for m in report.mismatches:
             out.print(f"[red]mismatch[/] {m.what} {m.subject}: expected {m.expected}, found {m.actual}")
+        for f in report.shared:
+            out.print(f"note: {f.path} is installed by {' and '.join(f.owners)}; the image holds "
+                      f"{f.kept}'s copy (installed last)")
         counts = ", ".join(f"{v} {k}" for k, v in report.checked.items())
         verdict = "[green]matches[/]" if report.ok else f"[red]{len(report.mismatches)} mismatch(es)[/]"
         out.print(f"{args.image} against {args.lock}: {verdict} (checked {counts})")

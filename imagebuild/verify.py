@@ -203,12 +203,26 @@ class Mismatch:
         return vars(self).copy()
 
 
+@dataclass(frozen=True)
+class SharedFile:
+    """A path two or more locked distributions install; the image holds the copy of `kept`
+    (the one installed last). Not a mismatch: it is what any installer leaves."""
+
+    path: str
+    owners: tuple[str, ...]
+    kept: str
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "owners": list(self.owners), "kept": self.kept}
+
+
 @dataclass
 class VerifyReport:
     image: str
     lock: str
     checked: dict[str, int]
     mismatches: list[Mismatch]
+    shared: list[SharedFile] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -216,7 +230,8 @@ class VerifyReport:
 
     def to_dict(self) -> dict:
         return {"image": self.image, "lock": self.lock, "ok": self.ok, "checked": self.checked,
-                "mismatches": [m.to_dict() for m in self.mismatches]}
+                "mismatches": [m.to_dict() for m in self.mismatches],
+                "shared": [f.to_dict() for f in self.shared]}
 
 
 def _dist_info_file(site: str) -> Callable[[str], bool]:
@@ -264,6 +279,8 @@ def verify_files(found: ImageFiles, lock: Lock, *, image: str, lock_path: str) -
     patches_by_package: dict[str, list[str]] = {}
     for patch in lock.patches:
         patches_by_package.setdefault(canonicalize_name(patch.package), []).append(patch.sha256)
+    owners = _owners(found, site, {name: dists[name][0] for name in lock.packages if name in dists})
+    shared: dict[str, SharedFile] = {}
     for name, version in lock.packages.items():
         checked["packages"] += 1
         if name not in dists:
@@ -272,14 +289,14 @@ def verify_files(found: ImageFiles, lock: Lock, *, image: str, lock_path: str) -
         info, installed = dists[name]
         if installed != version:
             mismatches.append(Mismatch("package", name, version, installed))
-        mismatches += _check_record(found, site, info, name, checked)
+        mismatches += _check_record(found, site, info, name, checked, owners, shared)
         listed = _listed_patches(found.contents.get(f"{info}/{PATCHES_FILE}"))
         expected = patches_by_package.get(name, [])
         checked["patches"] += len(expected)
         if listed != expected:
             mismatches.append(Mismatch("patch", name, " ".join(expected) or "(no patches)",
                                        " ".join(listed) or "(no patches)"))
-    return VerifyReport(image, lock_path, checked, mismatches)
+    return VerifyReport(image, lock_path, checked, mismatches, sorted(shared.values(), key=lambda f: f.path))
 
 
 def _installed(found: ImageFiles, site: str) -> dict[str, tuple[str, str]]:
@@ -295,10 +312,24 @@ def _installed(found: ImageFiles, site: str) -> dict[str, tuple[str, str]]:
     return dists
 
 
-def _check_record(found: ImageFiles, site: str, info: str, name: str, checked: dict) -> list[Mismatch]:
+def _owners(found: ImageFiles, site: str, infos: dict[str, str]) -> dict[str, list[tuple[str, str]]]:
+    """Installed path -> [(distribution, RECORD hash)] for every path some RECORD lists with a hash."""
+    owners: dict[str, list[tuple[str, str]]] = {}
+    for name, info in infos.items():
+        record = found.contents.get(f"{info}/RECORD")
+        for path, digest, _ in parse_record(record.decode("utf-8", "replace")) if record else ():
+            if digest:
+                owners.setdefault(posixpath.normpath(posixpath.join(site, path)), []).append((name, digest))
+    return owners
+
+
+def _check_record(found: ImageFiles, site: str, info: str, name: str, checked: dict,
+                  owners: dict[str, list[tuple[str, str]]] | None = None,
+                  shared: dict[str, SharedFile] | None = None) -> list[Mismatch]:
     record = found.contents.get(f"{info}/RECORD")
     if record is None:
         return [Mismatch("file", f"/{info}/RECORD", "a RECORD", "(missing)")]
+    owners, shared = owners or {}, shared if shared is not None else {}
     out = []
     for path, digest, size in parse_record(record.decode("utf-8", "replace")):
         full = posixpath.normpath(posixpath.join(site, path))
@@ -306,12 +337,18 @@ def _check_record(found: ImageFiles, site: str, info: str, name: str, checked: d
         if not digest:
             continue  # RECORD itself, IMAGEBUILD_PATCHES: listed without a hash by design
         checked["files"] += 1
+        others = [(owner, theirs) for owner, theirs in owners.get(full, ()) if owner != name]
+        actual = record_hash(entry.sha256) if entry is not None and entry.sha256 else None
+        kept = next((owner for owner, theirs in others if theirs == actual), None)
+        if kept is not None and actual != digest:
+            shared[full] = SharedFile("/" + full, tuple(sorted({name, *(o for o, _ in others)})), kept)
+            continue
         if entry is None:
             out.append(Mismatch("file", "/" + full, digest, f"(missing; {name})"))
         elif entry.sha256 is None:
             out.append(Mismatch("file", "/" + full, digest, f"(a {entry.kind}; {name})"))
-        elif digest.startswith("sha256=") and record_hash(entry.sha256) != digest:
-            out.append(Mismatch("file", "/" + full, digest, f"{record_hash(entry.sha256)} ({name})"))
+        elif digest.startswith("sha256=") and actual != digest:
+            out.append(Mismatch("file", "/" + full, digest, f"{actual} ({name})"))
         elif size and size.isdigit() and int(size) != entry.size:
             out.append(Mismatch("file", "/" + full, f"{size} bytes", f"{entry.size} bytes ({name})"))
     return out

@@ -9,6 +9,7 @@ import base64
 import hashlib
 import io
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -147,3 +148,35 @@ def test_garbled_layer_streams_are_read_or_refused(data, cut, edits):
             verify.read_layer_files(io.BytesIO(stream))
         except oci.LayerError:
             pass
+
+
+def two_owner_members(name: str, shared: bytes, on_disk: bytes | None = None) -> list:
+    """A distribution that also installs a top-level build_backend.py (as flashinfer-python 0.7.2
+    and torch-c-dlpack-ext 0.1.5 both do)."""
+    info = f"{SITE}/{name}-1.0.dist-info"
+    record = "\n".join([record_line(f"{name}/__init__.py", b""), record_line("build_backend.py", shared),
+                        f"{name}-1.0.dist-info/RECORD,,", f"{name}-1.0.dist-info/METADATA,,"]) + "\n"
+    return [member(f"{SITE}/{name}/__init__.py"), member(f"{SITE}/build_backend.py", data=on_disk or shared),
+            member(f"{info}/METADATA", data=f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n\n".encode()),
+            member(f"{info}/RECORD", data=record.encode())]
+
+
+def two_owner_lock() -> Lock:
+    wheels = tuple(LockedWheel(name=n, version="1.0", filename=f"{n}-1.0-py3-none-any.whl", sha256="d" * 64,
+                               size=10, layer=layer) for n, layer in (("first", "kernels"), ("second", "libraries")))
+    return replace(demo_lock(), wheels=wheels)
+
+
+def test_a_path_two_distributions_install_is_a_note_not_a_mismatch(tmp_path):
+    report = run_verify(tmp_path, two_owner_lock(), [two_owner_members("first", b"A = 1\n"),
+                                                     two_owner_members("second", b"B = 2\n")])
+    assert report.ok, report.mismatches
+    assert [f.to_dict() for f in report.shared] == [
+        {"path": f"/{SITE}/build_backend.py", "owners": ["first", "second"], "kept": "second"}]
+
+
+def test_a_shared_path_holding_neither_owners_copy_is_a_mismatch(tmp_path):
+    report = run_verify(tmp_path, two_owner_lock(), [two_owner_members("first", b"A = 1\n"),
+                                                     two_owner_members("second", b"B = 2\n", on_disk=b"evil\n")])
+    assert {m.subject for m in report.mismatches} == {f"/{SITE}/build_backend.py"}
+    assert report.shared == []
