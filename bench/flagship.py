@@ -201,9 +201,9 @@ def main() -> None:
     total = sum(ours_sizes.values())
     for name, size in sorted(ours_sizes.items(), key=lambda kv: -kv[1])[:25]:
         print(f"  {size / 1e9:6.2f} GB  {100 * size / total:5.1f}%  {name}")
-    unusable = {n: s for n, s in ours_sizes.items() if re.search(r"cu12\b|-cu12$", n.lower())}
-    print("CUDA 12 builds in this CUDA 13 image (candidates for [python].exclude):",
-          ", ".join(f"{n} ({s / 1e6:.0f} MB)" for n, s in unusable.items()) or "none")
+    unloadable = [c for c in waste["candidates"] if c["kind"] == "unloadable"]
+    print("libraries that cannot load here (a CUDA 12 build needing libcudart.so.12, ...):",
+          ", ".join(f"{c['path']} ({c['bytes'] / 1e6:.0f} MB)" for c in unloadable) or "none")
     print(f"\nstill in the image that sm_{waste['arch']} cannot use ({waste['bytes'] / 1e6:.0f} MB; "
           "candidates for [[prune]], probe --waste):")
     for item in waste["candidates"][:15]:
