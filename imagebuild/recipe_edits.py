@@ -43,20 +43,15 @@ def distribution_name(read: RecipeReader, key: Key, text: str) -> str:
                          hint='a project name as on PyPI, without a version, e.g. "torch"') from None
 
 
+def _package(read: RecipeReader, item: dict, key: Key, example: str) -> str:
+    return distribution_name(read, key + ("package",),
+                             read.string(item, key + ("package",), required=True, example=example))
+
+
 def parse_patches(read: RecipeReader, doc: dict, folder: Path) -> tuple[Patch, ...]:
-    items = doc.get("patches")
-    if items is None:
-        return ()
-    if not isinstance(items, list):
-        raise read.error(("patches",), f"expected a list of tables ([[patches]]), got {toml_kind(items)}")
     patches = []
-    for index, item in enumerate(items):
-        key = ("patches", index)
-        if not isinstance(item, dict):
-            raise read.error(key, f"expected a table, got {toml_kind(item)}")
-        read.known_keys(item, key, _PATCH_KEYS)
-        package = read.string(item, key + ("package",), required=True, example='"flashinfer-python"')
-        package = distribution_name(read, key + ("package",), package)
+    for key, item in read.tables(doc, "patches", _PATCH_KEYS):
+        package = _package(read, item, key, '"flashinfer-python"')
         file = read.string(item, key + ("file",), required=True, example='"patches/fix.patch"')
         path = Path(os.path.abspath(folder / file))
         problem = _not_a_file(path)
@@ -73,19 +68,9 @@ def parse_patches(read: RecipeReader, doc: dict, folder: Path) -> tuple[Patch, .
 
 
 def parse_prune(read: RecipeReader, doc: dict) -> tuple[Prune, ...]:
-    items = doc.get("prune")
-    if items is None:
-        return ()
-    if not isinstance(items, list):
-        raise read.error(("prune",), f"expected a list of tables ([[prune]]), got {toml_kind(items)}")
     entries = []
-    for index, item in enumerate(items):
-        key = ("prune", index)
-        if not isinstance(item, dict):
-            raise read.error(key, f"expected a table, got {toml_kind(item)}")
-        read.known_keys(item, key, _PRUNE_KEYS)
-        package = read.string(item, key + ("package",), required=True, example='"sglang-kernel"')
-        package = distribution_name(read, key + ("package",), package)
+    for key, item in read.tables(doc, "prune", _PRUNE_KEYS):
+        package = _package(read, item, key, '"sglang-kernel"')
         globs = {}
         for name in ("remove", "strip_debug"):
             globs[name] = tuple(read.strings(item, key + (name,), example='["pkg/unused_ops.so"]'))

@@ -89,6 +89,21 @@ class RecipeReader:
             raise self.error(key, f"expected a table, got {toml_kind(value)}")
         return value
 
+    def tables(self, parent: dict, name: str, known: Sequence[str]) -> Iterator[tuple[Key, dict]]:
+        """Each table of the array of tables [[name]] with its key path, its keys checked against
+        known; nothing when the array is absent."""
+        items = parent.get(name)
+        if items is None:
+            return
+        if not isinstance(items, list):
+            raise self.error((name,), f"expected a list of tables ([[{name}]]), got {toml_kind(items)}")
+        for index, item in enumerate(items):
+            key = (name, index)
+            if not isinstance(item, dict):
+                raise self.error(key, f"expected a table, got {toml_kind(item)}")
+            self.known_keys(item, key, known)
+            yield key, item
+
     def string(self, parent: dict, key: Key, *, required: bool = False, example: str = "") -> str | None:
         value = self._value(parent, key, required, example)
         if value is None or isinstance(value, str):

@@ -4,9 +4,7 @@ probe/waste.py, which finds what to prune, on ELF files carrying real fat-binary
 
 from __future__ import annotations
 
-import base64
 import csv
-import hashlib
 import json
 import shutil
 import struct
@@ -22,30 +20,16 @@ from imagebuild import prune
 from imagebuild.errors import RecipeError
 from imagebuild.probe import waste
 from imagebuild.recipe import parse_recipe
+from tests.test_apply_patch import install, record_hash
 
 REPO = Path(__file__).resolve().parent.parent
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("strip") is None,
                                reason="gcc and binutils make the ELF files")
 
 
-def record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def install(site: Path, name: str, files: dict[str, bytes]) -> Path:
-    """A distribution as an installer leaves it: its files, METADATA and a true RECORD."""
-    info = site / f"{name}-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n\n")
-    rows = []
-    for path, data in files.items():
-        (site / path).parent.mkdir(parents=True, exist_ok=True)
-        (site / path).write_bytes(data)
-        rows.append([path, record_hash(data), str(len(data))])
-    rows += [[f"{info.name}/METADATA", "", ""], [f"{info.name}/RECORD", "", ""]]
-    with open(info / "RECORD", "w", newline="") as handle:
-        csv.writer(handle).writerows(rows)
-    return info
+def dist(site: Path, name: str, files: dict[str, bytes]) -> Path:
+    """A distribution NAME 1.0 as pip leaves it (test_apply_patch.install): files, METADATA, true RECORD."""
+    return install(site, files, name, "1.0")
 
 
 def record_is_true(site: Path, info: Path) -> list[str]:
@@ -72,7 +56,7 @@ DEBUG_SOURCE = "".join(f"int f{i}(int x) {{ int y = x * {i}; return y + {i}; }}\
 def test_removed_and_stripped_files_leave_a_true_record_and_a_tombstone(tmp_path):
     site = tmp_path / "site"
     library = compile_so(tmp_path, "lib", DEBUG_SOURCE, "-g")
-    info = install(site, "kernels", {"kernels/__init__.py": b"", "kernels/fa3_ops.abi3.so": b"\x7fELF" + b"x" * 5000,
+    info = dist(site, "kernels", {"kernels/__init__.py": b"", "kernels/fa3_ops.abi3.so": b"\x7fELF" + b"x" * 5000,
                                      "kernels/lib/libbig.so": library, "kernels/static/libx_static.a": b"!<arch>\n",
                                      "kernels/keep.py": b"X = 1\n"})
     lines = prune.prune_package(str(site), "Kernels", ["kernels/*_ops.abi3.so", "kernels/**/*.a"],
@@ -82,8 +66,8 @@ def test_removed_and_stripped_files_leave_a_true_record_and_a_tombstone(tmp_path
     assert record_is_true(site, info) == []
     assert any(line.startswith("stripped kernels/lib/libbig.so") for line in lines)
     # The stripped library still loads and answers.
-    check = subprocess.run([sys.executable, "-c", f"import ctypes; print(ctypes.CDLL({str(site / 'kernels/lib/libbig.so')!r}).f7(2))"],
-                           capture_output=True, text=True, check=True)
+    load = f"import ctypes; print(ctypes.CDLL({str(site / 'kernels/lib/libbig.so')!r}).f7(2))"
+    check = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, check=True)
     assert check.stdout.strip() == "21"
     # The removed extension module's name now raises ImportError carrying the reason.
     done = subprocess.run([sys.executable, "-c", "import kernels.fa3_ops"], cwd=site, capture_output=True, text=True)
@@ -93,7 +77,7 @@ def test_removed_and_stripped_files_leave_a_true_record_and_a_tombstone(tmp_path
 
 def test_a_glob_that_matches_nothing_stops_with_the_fix(tmp_path):
     site = tmp_path / "site"
-    install(site, "kernels", {"kernels/ops.so": b"\x7fELF"})
+    dist(site, "kernels", {"kernels/ops.so": b"\x7fELF"})
     with pytest.raises(prune.PruneError, match=r"'kernels/gone\*.so' matches no file of kernels 1.0.*update"):
         prune.prune_package(str(site), "kernels", ["kernels/gone*.so"], [], "r")
     assert (site / "kernels/ops.so").exists()
@@ -101,7 +85,7 @@ def test_a_glob_that_matches_nothing_stops_with_the_fix(tmp_path):
 
 def test_globs_never_reach_files_recorded_outside_site_packages(tmp_path):
     site = tmp_path / "venv" / "lib" / "site"
-    info = install(site, "tool", {"tool/a.so": b"x"})
+    info = dist(site, "tool", {"tool/a.so": b"x"})
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     (tmp_path / "venv" / "bin" / "tool").write_text("#!/bin/sh\n")
     with open(info / "RECORD", "a", newline="") as handle:
@@ -112,7 +96,7 @@ def test_globs_never_reach_files_recorded_outside_site_packages(tmp_path):
 
 def test_strip_debug_refuses_what_is_not_elf_and_nothing_changes(tmp_path):
     site = tmp_path / "site"
-    info = install(site, "kernels", {"kernels/a.so": b"\x7fELF", "kernels/notes.txt": b"text"})
+    info = dist(site, "kernels", {"kernels/a.so": b"\x7fELF", "kernels/notes.txt": b"text"})
     before = (info / "RECORD").read_text()
     with pytest.raises(prune.PruneError, match="not an ELF"):
         prune.prune_package(str(site), "kernels", ["kernels/a.so"], ["kernels/notes.txt"], "r")
@@ -121,14 +105,14 @@ def test_strip_debug_refuses_what_is_not_elf_and_nothing_changes(tmp_path):
 
 def test_a_package_that_is_not_installed_is_named(tmp_path):
     site = tmp_path / "site"
-    install(site, "kernels", {"kernels/a.so": b"x"})
+    dist(site, "kernels", {"kernels/a.so": b"x"})
     with pytest.raises(prune.PruneError, match="triton is not installed"):
         prune.prune_package(str(site), "triton", ["x"], [], "r")
 
 
 def test_the_command_line_takes_a_spec_file_and_exits_1_with_one_line(tmp_path, capsys):
     site = tmp_path / "site"
-    install(site, "kernels", {"kernels/a.so": b"x", "kernels/b.py": b""})
+    dist(site, "kernels", {"kernels/a.so": b"x", "kernels/b.py": b""})
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps([{"package": "kernels", "remove": ["kernels/a.so"], "reason": "unused"}]))
     assert prune.main([str(site), str(spec)]) == 0
@@ -237,7 +221,7 @@ def test_waste_lists_code_for_other_gpus_static_archives_and_debug_sections(tmp_
     debug = compile_so(tmp_path, "dbg", DEBUG_SOURCE, "-g")
     # Like cuFFT: a token fat binary, the real kernels kept in the library's own data.
     elsewhere = fatbin_so(tmp_path, "elsewhere", [(waste.KIND_SASS, 75)], padding=200_000)
-    install(site, "kernels", {"k/hopper_ops.so": hopper.read_bytes(), "k/bw_ops.so": blackwell.read_bytes(),
+    dist(site, "kernels", {"k/hopper_ops.so": hopper.read_bytes(), "k/bw_ops.so": blackwell.read_bytes(),
                               "k/libfft.so": elsewhere.read_bytes(),
                               "k/libx_static.a": b"!<arch>\n", "k/dbg.so": debug})
     found = {c.path: c for c in waste.find_waste(str(site), 120)}
@@ -271,13 +255,13 @@ def test_a_library_needing_what_the_image_lacks_is_unloadable(tmp_path, monkeypa
                    text=True, check=True)
     assert "libcudart.so.12" in waste.needed_libraries(str(user), waste.elf_sections(str(user)))
     site = tmp_path / "site"
-    install(site, "ext", {"ext/lib/cu12/libext.so": user.read_bytes(), "ext/uses_driver.so": driver_user.read_bytes()})
+    dist(site, "ext", {"ext/lib/cu12/libext.so": user.read_bytes(), "ext/uses_driver.so": driver_user.read_bytes()})
     found = {c.path: c for c in waste.find_waste(str(site), 120, provided=waste.provided_libraries(str(site), SYSTEM))}
     assert found["ext/lib/cu12/libext.so"].kind == "unloadable"
     assert "libcudart.so.12" in found["ext/lib/cu12/libext.so"].detail
     assert "ext/uses_driver.so" not in found  # libcuda.so.1 comes from the host's driver
     # Once something in the image provides the runtime, the library loads: no finding.
-    install(site, "cudart", {"cudart/lib/libcudart.so.12": runtime.read_bytes()})
+    dist(site, "cudart", {"cudart/lib/libcudart.so.12": runtime.read_bytes()})
     again = waste.find_waste(str(site), 120, provided=waste.provided_libraries(str(site), SYSTEM))
     assert "ext/lib/cu12/libext.so" not in {c.path for c in again}
 
