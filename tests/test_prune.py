@@ -256,13 +256,13 @@ def test_a_library_needing_what_the_image_lacks_is_unloadable(tmp_path, monkeypa
     assert "libcudart.so.12" in waste.needed_libraries(str(user), waste.elf_sections(str(user)))
     site = tmp_path / "site"
     dist(site, "ext", {"ext/lib/cu12/libext.so": user.read_bytes(), "ext/uses_driver.so": driver_user.read_bytes()})
-    found = {c.path: c for c in waste.find_waste(str(site), 120, provided=waste.provided_libraries(str(site), SYSTEM))}
+    found = {c.path: c for c in waste.find_waste(str(site), 120, folders=SYSTEM)}
     assert found["ext/lib/cu12/libext.so"].kind == "unloadable"
     assert "libcudart.so.12" in found["ext/lib/cu12/libext.so"].detail
     assert "ext/uses_driver.so" not in found  # libcuda.so.1 comes from the host's driver
     # Once something in the image provides the runtime, the library loads: no finding.
     dist(site, "cudart", {"cudart/lib/libcudart.so.12": runtime.read_bytes()})
-    again = waste.find_waste(str(site), 120, provided=waste.provided_libraries(str(site), SYSTEM))
+    again = waste.find_waste(str(site), 120, folders=SYSTEM)
     assert "ext/lib/cu12/libext.so" not in {c.path for c in again}
 
 

@@ -16,6 +16,7 @@ Four kinds, each read from the files themselves (stdlib only, nothing imported o
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from dataclasses import asdict, dataclass
 
@@ -97,12 +98,9 @@ def needed_libraries(path: str, sections: dict[str, tuple[int, int]]) -> list[st
     return needed
 
 
-def provided_libraries(site: str, folders=SYSTEM_LIBRARY_DIRS) -> set[str]:
-    """File names a dynamic library could be found by: everything under site-packages (rpaths point
-    there) and the system's library folders."""
+def system_libraries(folders=SYSTEM_LIBRARY_DIRS) -> set[str]:
+    """Library file names in the system's library folders (and LD_LIBRARY_PATH's)."""
     names = set()
-    for folder, _, files in os.walk(site):
-        names.update(name for name in files if ".so" in name)
     for folder in (*folders, *os.environ.get("LD_LIBRARY_PATH", "").split(":")):
         try:
             entries = os.listdir(folder) if folder else []
@@ -166,42 +164,45 @@ def _archs(archs: set[int]) -> str:
     return ", ".join(f"sm_{a}" for a in sorted(archs)) or "none"
 
 
-def find_waste(site: str, target: int, provided: set[str] | None = None) -> list[Candidate]:
+def find_waste(site: str, target: int, folders=SYSTEM_LIBRARY_DIRS) -> list[Candidate]:
     owners = _owners(site)
-    provided = provided_libraries(site) if provided is None else provided
+    files = [os.path.join(folder, name) for folder, _, names in os.walk(site) for name in names]
+    # What a library can be found by: anything under site-packages (rpaths point there), the system's.
+    provided = {os.path.basename(path) for path in files if ".so" in os.path.basename(path)}
+    provided |= system_libraries(folders)
     found = []
-    for folder, _, files in os.walk(site):
-        for name in files:
-            full = os.path.join(folder, name)
-            relative = os.path.relpath(full, site).replace(os.sep, "/")
-            try:
-                size = os.lstat(full).st_size
-            except OSError:
+    for full in files:
+        name = os.path.basename(full)
+        relative = os.path.relpath(full, site).replace(os.sep, "/")
+        try:
+            info = os.lstat(full)
+        except OSError:
+            continue
+        size = info.st_size
+        if size < MIN_REPORTED or stat.S_ISLNK(info.st_mode):
+            continue
+        owner = owners.get(relative, "?")
+        if name.endswith(".a"):
+            found.append(Candidate(relative, owner, "static-archive", size, "read only by a linker"))
+            continue
+        sections = elf_sections(full)
+        if not sections:
+            continue
+        missing = [lib for lib in needed_libraries(full, sections)
+                   if lib not in provided and not lib.startswith(HOST_DRIVER_PREFIXES)]
+        if missing:
+            found.append(Candidate(relative, owner, "unloadable", size,
+                                   f"needs {', '.join(missing)}, which nothing in the image provides"))
+            continue
+        fatbin = sections.get(".nv_fatbin")
+        if fatbin and fatbin[1] >= FATBIN_SHARE * size:
+            sass, ptx = fatbin_code(full, *fatbin)
+            if (sass or ptx) and not runs_on(sass, ptx, target):
+                found.append(Candidate(relative, owner, "no-code-for-target", size,
+                                       f"SASS {_archs(sass)}; PTX {_archs(ptx)}: nothing sm_{target} runs"))
                 continue
-            if size < MIN_REPORTED or os.path.islink(full):
-                continue
-            owner = owners.get(relative, "?")
-            if name.endswith(".a"):
-                found.append(Candidate(relative, owner, "static-archive", size, "read only by a linker"))
-                continue
-            sections = elf_sections(full)
-            if not sections:
-                continue
-            missing = [lib for lib in needed_libraries(full, sections)
-                       if lib not in provided and not lib.startswith(HOST_DRIVER_PREFIXES)]
-            if missing:
-                found.append(Candidate(relative, owner, "unloadable", size,
-                                       f"needs {', '.join(missing)}, which nothing in the image provides"))
-                continue
-            fatbin = sections.get(".nv_fatbin")
-            if fatbin and fatbin[1] >= FATBIN_SHARE * size:
-                sass, ptx = fatbin_code(full, *fatbin)
-                if (sass or ptx) and not runs_on(sass, ptx, target):
-                    found.append(Candidate(relative, owner, "no-code-for-target", size,
-                                           f"SASS {_archs(sass)}; PTX {_archs(ptx)}: nothing sm_{target} runs"))
-                    continue
-            debug = sum(size for section, (_, size) in sections.items() if section.startswith(".debug_"))
-            if debug >= MIN_REPORTED:
-                found.append(Candidate(relative, owner, "debug-sections", debug,
-                                       f"{debug / 1e6:.0f} MB of .debug_* sections"))
+        debug = sum(size for section, (_, size) in sections.items() if section.startswith(".debug_"))
+        if debug >= MIN_REPORTED:
+            found.append(Candidate(relative, owner, "debug-sections", debug,
+                                   f"{debug / 1e6:.0f} MB of .debug_* sections"))
     return sorted(found, key=lambda c: (-c.bytes, c.path))
