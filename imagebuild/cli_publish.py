@@ -49,11 +49,6 @@ def add_commands(command) -> None:
     cmd.set_defaults(handler=run_push)
 
 
-def _engine_image(name: str) -> bool:
-    from imagebuild.engine import default_engine
-    return default_engine().image_exists(name)
-
-
 def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
     def progress(line: str) -> None:
         err.print(f"[bold cyan]›[/] {line}", highlight=False)
@@ -62,11 +57,13 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
     with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:
         exported = ""
         if not source.is_dir():
-            if source.exists() or not _engine_image(args.source):
+            from imagebuild.engine import default_engine
+            engine = None if source.exists() else default_engine()
+            if engine is None or not engine.image_exists(args.source):
                 raise ImagebuildError(f"{args.source} is neither an OCI layout directory nor an "
                                       f"image in the engine")
             source = Path(tmp) / "layout"
-            exported = export_engine_image(args.source, source, progress)
+            exported = export_engine_image(engine, args.source, source, progress)
         report = push(source, args.reference, layout_name=args.layout_name, ca_cert=args.ca_cert,
                       insecure_http=args.insecure_http, mount_from=args.mount_from,
                       chunk_size=args.chunk_size, retries=args.retries, progress=progress)

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -19,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from imagebuild.bases import cache_dir
-from imagebuild.errors import ImagebuildError, ToolMissing
+from imagebuild import oci
+from imagebuild.errors import ImagebuildError
 from imagebuild.oci import LayoutError
 from imagebuild.registry_auth import (
     AuthFailed,
@@ -32,22 +32,18 @@ from imagebuild.registry_client import (
     RETRY_STATUS,
     Progress,
     RegistryClient,
+    _quiet,
     describe,
     with_query,
 )
 
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST, OCI_INDEX = oci.MEDIA_MANIFEST, oci.MEDIA_INDEX
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
 MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
 DEFAULT_CHUNK = 64 << 20  # a lost connection costs at most one chunk
 _BLOCK = 1 << 20  # bytes read from a blob file at a time
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 # ---------------------------------------------------------------- references
@@ -119,7 +115,7 @@ def _blob_path(root: Path, descriptor: dict, where: str) -> Path:
     digest = descriptor.get("digest") if isinstance(descriptor, dict) else None
     if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
         raise LayoutError(f"{where}: a descriptor without a sha256/sha512 digest: {descriptor!r:.200}")
-    path = root / "blobs" / digest.replace(":", "/", 1)
+    path = oci.blob_path(root, digest)
     if not path.is_file():
         raise LayoutError(f"{where}: blob {digest} is missing ({path})")
     return path
@@ -164,7 +160,7 @@ def read_layout(root: str | Path, name: str | None = None) -> Manifest:
         entries = json.loads((root / "index.json").read_text())["manifests"]
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
         raise LayoutError(f"{root}/index.json has no `manifests` list") from None
-    names = [((e.get("annotations") or {}).get("org.opencontainers.image.ref.name"), e)
+    names = [((e.get("annotations") or {}).get(oci.REF_NAME), e)
              for e in entries if isinstance(e, dict)]
     chosen = [e for n, e in names if name is None or n == name]
     if len(chosen) != 1:
@@ -185,30 +181,13 @@ def read_layout(root: str | Path, name: str | None = None) -> Manifest:
     return image
 
 
-def export_engine_image(image: str, out_dir: Path, progress: Progress = _quiet) -> str:
-    """Write an engine image as an OCI layout; returns how: imagebuild.oci, or skopeo until it lands."""
-    try:
-        from imagebuild.oci import export_layout
-    except ImportError:
-        export_layout = None
-    if export_layout is not None:
-        from imagebuild.engine import default_engine
-        epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
-        progress(f"writing {image} as an OCI layout (imagebuild.oci)")
-        export_layout(default_engine(), image, out_dir,
-                      **({"epoch": int(epoch)} if epoch.isdigit() else {}))
-        return "imagebuild.oci"
-    progress(f"writing {image} as an OCI layout (skopeo copy docker-daemon:)")
-    try:
-        proc = subprocess.run(["skopeo", "copy", "--insecure-policy", "--dest-compress",
-                               f"docker-daemon:{image}", f"oci:{out_dir}"],
-                              capture_output=True, text=True, check=False)
-    except FileNotFoundError:
-        raise ToolMissing("pushing an engine image needs skopeo until imagebuild.oci lands: "
-                          "`apt-get install -y skopeo`, or push an OCI layout directory") from None
-    if proc.returncode != 0:
-        raise ImagebuildError(f"cannot export {image} from the Docker engine: {proc.stderr.strip()}")
-    return "skopeo"
+def export_engine_image(engine, image: str, out_dir: Path, progress: Progress = _quiet) -> str:
+    """Write an engine image as an OCI layout (SOURCE_DATE_EPOCH, if set, clamps its times);
+    returns the writer's name for the report."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+    progress(f"writing {image} as an OCI layout (imagebuild.oci)")
+    oci.export_layout(engine, image, out_dir, **({"epoch": int(epoch)} if epoch.isdigit() else {}))
+    return "imagebuild.oci"
 
 
 # ---------------------------------------------------------------- what was pushed where
@@ -405,9 +384,9 @@ class _Pusher:
                 if not closing and response.status_code == 202:
                     location = response.headers.get("Location") or location
                     held = parse_upload_range(response.headers.get("Range"))
-                    moved_on = (end if held is None else held) > offset
-                    offset = end if held is None else held
-                    failures = 0 if moved_on else failures + 1
+                    new = end if held is None else held
+                    failures = 0 if new > offset else failures + 1
+                    offset = new
                     if failures <= self.client.retries:
                         continue
                     problem = "the registry took a chunk but kept none of it"
