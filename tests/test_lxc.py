@@ -487,7 +487,7 @@ def fake_image(engine, tmp_path):
 
 
 def _export_containers(engine) -> list:
-    return engine.client.api.containers(all=True, filters={"label": "io.imagebuild.role=export-lxc"})
+    return engine.client.api.containers(all=True, filters={"label": "io.imagebuild.role=export"})
 
 
 @docker_needed
