@@ -19,6 +19,7 @@ from .expect import NO_EXPECTATIONS, load_expect
 from .gpu_compute import check_gpu_compute
 from .gpus import DRIVER_VERSION_FILE
 from .report import FAIL, make_check, make_report
+from .system import installed_distributions
 from .stack import check_flashinfer_dynamo, check_gpu, check_imports, check_torch_cuda, gpu_visible
 from .waste import find_waste
 from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter, check_packages
@@ -26,10 +27,11 @@ from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter,
 
 def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = False) -> dict:
     """Run every check; a check that crashes becomes a failed check, never a lost report."""
+    installed = installed_distributions()  # read once: two checks compare against it
     checks = (
         ("interpreter", lambda: check_interpreter(expect)),
-        ("packages", lambda: check_packages(expect)),
-        ("cuda-toolchain", lambda: check_cuda_toolchain(expect)),
+        ("packages", lambda: check_packages(expect, installed)),
+        ("cuda-toolchain", lambda: check_cuda_toolchain(expect, installed)),
         ("cuda-home", lambda: check_cuda_home(expect)),
         ("deep-gemm-sm120", lambda: check_deep_gemm_sm120(expect, workdir, skip_compile)),
         ("imports", lambda: check_imports(expect, workdir)),

@@ -52,11 +52,11 @@ def check_interpreter(expect: dict) -> dict:
                       **evidence)
 
 
-def check_packages(expect: dict) -> dict:
+def check_packages(expect: dict, installed: dict | None = None) -> dict:
     wanted = expect.get("packages") or {}
     if not wanted:
         return make_check("packages", SKIP, "no expected packages")
-    installed = installed_distributions()
+    installed = installed_distributions() if installed is None else installed
     missing = sorted(name for name in wanted if name not in installed)
     wrong = {name: {"expected": version, "installed": installed[name]}
              for name, version in sorted(wanted.items())
@@ -77,7 +77,7 @@ def check_packages(expect: dict) -> dict:
     return make_check("packages", PASS, f"all {len(wanted)} distributions installed at the locked versions", **evidence)
 
 
-def check_cuda_toolchain(expect: dict) -> dict:
+def check_cuda_toolchain(expect: dict, installed: dict | None = None) -> dict:
     cuda = expect.get("cuda")
     if not cuda:
         return make_check("cuda-toolchain", SKIP, "no CUDA toolkit expected")
@@ -100,7 +100,7 @@ def check_cuda_toolchain(expect: dict) -> dict:
         problems.append(f"lib64 resolves to {found['lib64_real']}, not to lib")
     if not found["libcudart"]:
         problems.append("lib64/libcudart.so is missing (linking with -lcudart needs it)")
-    installed = installed_distributions()
+    installed = installed_distributions() if installed is None else installed
     versions = {name: installed[name] for name in TOOLCHAIN_DISTRIBUTIONS if name in installed}
     for name, found_versions in versions.items():
         if any(major_minor(version) != toolkit for version in found_versions):
