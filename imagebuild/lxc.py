@@ -214,8 +214,15 @@ def command_file(command: Iterable[str], workdir: str) -> bytes:
 def filter_rootfs(source: BinaryIO, sink: BinaryIO, plan: TemplatePlan = TemplatePlan(),
                   progress: Callable[[int], None] = lambda _: None) -> RootfsSummary:
     """Copy a rootfs tar stream into a Proxmox template tar stream; raise TemplateError if it can't be one."""
-    try:
+    with _readable():
         return _filter(tarstream.Reader(source), tarstream.Writer(sink), plan, progress)
+
+
+@contextlib.contextmanager
+def _readable() -> Iterator[None]:
+    """A damaged tar stream becomes UnreadableRootfs."""
+    try:
+        yield
     except tarstream.TarStreamError as err:
         raise UnreadableRootfs(f"the image's filesystem stream is damaged: {err}") from None
 
@@ -456,20 +463,11 @@ def image_config(engine, image: str) -> ImageConfig:
                        created=epoch)
 
 
-@contextlib.contextmanager
-def rootfs_stream(engine, image_id: str) -> Iterator[BinaryIO]:
-    """The image's filesystem as one tar stream, from the engine contract."""
-    with engine.export_rootfs(image_id) as stream:
-        yield stream
-
-
 def rootfs_members(stream: BinaryIO) -> Iterator[tuple[str, tarstream.Member]]:
     """Each entry of a rootfs tar stream as (clean path, header); file contents are skipped."""
-    try:
+    with _readable():
         for member in tarstream.Reader(stream):
             yield _clean(member.name), member
-    except tarstream.TarStreamError as err:
-        raise UnreadableRootfs(f"the image's filesystem stream is damaged: {err}") from None
 
 
 def _throttled(progress: Progress, total: int) -> Callable[[int], None]:
@@ -508,7 +506,7 @@ def export_template(engine, image: str, out: Path, *, compression: str | None = 
                         workdir=config.workdir, env=config.env, epoch=epoch)
     info = engine.inspect(config.id)
     progress(f"exporting {image} ({config.id[7:19]}) to {out} ({compression})")
-    with rootfs_stream(engine, config.id) as stream:
+    with engine.export_rootfs(config.id) as stream:
         summary, size, digest = write_template(stream, out, plan, compression,
                                                _throttled(progress, info.size if info else 0))
     if command is not None and summary.init == "image":

@@ -16,7 +16,6 @@ from imagebuild.lxc import (
     image_config,
     is_driver_library,
     rootfs_members,
-    rootfs_stream,
 )
 
 
@@ -115,7 +114,7 @@ def image_driver_libraries(engine, image: str) -> list[str]:
     """Paths of libcuda.so* in the image that would shadow the host's driver (stubs aside)."""
     config = image_config(engine, image)
     found = []
-    with rootfs_stream(engine, config.id) as stream:
+    with engine.export_rootfs(config.id) as stream:
         for name, member in rootfs_members(stream):
             if not member.isdir() and is_driver_library(name, config.env):
                 found.append("/" + name)
