@@ -12,19 +12,12 @@ from pathlib import Path
 from rich.console import Console
 
 from imagebuild import oci, sbom, verify
+from imagebuild.engine import default_engine
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, ImagebuildError
 from imagebuild.lock import Lock, parse_lock, read_lock
 
 ENGINES = ("docker", "buildah")
 IMAGE_LOCK = "opt/imagebuild/lock.json"  # the lock every image carries (Dockerfile.j2)
-
-
-def engine_named(name: str):
-    if name == "buildah":
-        from imagebuild.engine.buildah import BuildahEngine
-        return BuildahEngine()
-    from imagebuild.engine import default_engine
-    return default_engine(name)
 
 
 def add_commands(command) -> None:
@@ -91,7 +84,7 @@ def sbom_path_for(layout: Path) -> Path:
 
 
 def export_command(args, out: Console, err: Console) -> int:
-    engine = engine_named(args.engine)
+    engine = default_engine(args.engine)
     with err.status(f"exporting {args.image}"):
         result = oci.export_layout(engine, args.image, args.out, ref_name=args.ref_name)
     report = result.to_dict()
@@ -116,7 +109,7 @@ def export_command(args, out: Console, err: Console) -> int:
 
 def verify_command(args, out: Console, err: Console) -> int:
     with err.status(f"verifying {args.image}"):
-        report = verify.verify_image(engine_named(args.engine), args.image, args.lock)
+        report = verify.verify_image(default_engine(args.engine), args.image, args.lock)
     if args.json:
         out.print_json(data=report.to_dict())
     else:
@@ -133,7 +126,7 @@ def verify_command(args, out: Console, err: Console) -> int:
 
 def diff_command(args, out: Console, err: Console) -> int:
     with err.status(f"comparing {args.a} and {args.b}"):
-        report = verify.diff_images(engine_named(args.engine), args.a, args.b,
+        report = verify.diff_images(default_engine(args.engine), args.a, args.b,
                                     epoch=None if args.raw else oci.REPRO_EPOCH, limit=args.limit)
     if args.json:
         out.print_json(data=report.to_dict())
@@ -149,11 +142,11 @@ def diff_command(args, out: Console, err: Console) -> int:
 
 
 def sbom_command(args, out: Console, err: Console) -> int:
-    engine = engine_named(args.engine)
+    engine = default_engine(args.engine)
     with err.status(f"reading {args.image}"):
         lock = image_lock(engine, args.image, args.lock)
         layout_dir = Path(args.image.removeprefix("oci:")) if verify.is_layout(args.image) else None
-        digest, labels = None, {}
+        digest = None
         if layout_dir is not None:
             layout = oci.read_layout(layout_dir)
             digest, labels = layout.manifest_digest, verify.ImageFiles(layout.config, {}, {}).labels

@@ -273,13 +273,14 @@ def verify_files(found: ImageFiles, lock: Lock, *, image: str, lock_path: str) -
         actual = found.labels.get(key, "(missing)")
         if actual != expected:
             mismatches.append(Mismatch("label", key, expected, actual))
-    dists = _installed(found, site)
+    dists = _installed(found)
     for name in sorted(set(dists) - set(lock.packages)):
         mismatches.append(Mismatch("package", name, "(not in the lock)", dists[name][1]))
     patches_by_package: dict[str, list[str]] = {}
     for patch in lock.patches:
         patches_by_package.setdefault(canonicalize_name(patch.package), []).append(patch.sha256)
-    owners = _owners(found, site, {name: dists[name][0] for name in lock.packages if name in dists})
+    records = {name: _record_rows(found, dists[name][0]) for name in lock.packages if name in dists}
+    owners = _owners(site, records)
     shared: dict[str, SharedFile] = {}
     for name, version in lock.packages.items():
         checked["packages"] += 1
@@ -289,7 +290,7 @@ def verify_files(found: ImageFiles, lock: Lock, *, image: str, lock_path: str) -
         info, installed = dists[name]
         if installed != version:
             mismatches.append(Mismatch("package", name, version, installed))
-        mismatches += _check_record(found, site, info, name, checked, owners, shared)
+        mismatches += _check_record(found, site, info, name, records[name], checked, owners, shared)
         listed = _listed_patches(found.contents.get(f"{info}/{PATCHES_FILE}"))
         expected = patches_by_package.get(name, [])
         checked["patches"] += len(expected)
@@ -299,7 +300,7 @@ def verify_files(found: ImageFiles, lock: Lock, *, image: str, lock_path: str) -
     return VerifyReport(image, lock_path, checked, mismatches, sorted(shared.values(), key=lambda f: f.path))
 
 
-def _installed(found: ImageFiles, site: str) -> dict[str, tuple[str, str]]:
+def _installed(found: ImageFiles) -> dict[str, tuple[str, str]]:
     """canonical name -> (dist-info path, version), from each METADATA in site-packages."""
     dists = {}
     for path, data in found.contents.items():
@@ -312,26 +313,27 @@ def _installed(found: ImageFiles, site: str) -> dict[str, tuple[str, str]]:
     return dists
 
 
-def _owners(found: ImageFiles, site: str, infos: dict[str, str]) -> dict[str, list[tuple[str, str]]]:
+def _record_rows(found: ImageFiles, info: str) -> list[tuple[str, str, str]] | None:
+    record = found.contents.get(f"{info}/RECORD")
+    return None if record is None else parse_record(record.decode("utf-8", "replace"))
+
+
+def _owners(site: str, records: dict[str, list | None]) -> dict[str, list[tuple[str, str]]]:
     """Installed path -> [(distribution, RECORD hash)] for every path some RECORD lists with a hash."""
     owners: dict[str, list[tuple[str, str]]] = {}
-    for name, info in infos.items():
-        record = found.contents.get(f"{info}/RECORD")
-        for path, digest, _ in parse_record(record.decode("utf-8", "replace")) if record else ():
+    for name, rows in records.items():
+        for path, digest, _ in rows or ():
             if digest:
                 owners.setdefault(posixpath.normpath(posixpath.join(site, path)), []).append((name, digest))
     return owners
 
 
-def _check_record(found: ImageFiles, site: str, info: str, name: str, checked: dict,
-                  owners: dict[str, list[tuple[str, str]]] | None = None,
-                  shared: dict[str, SharedFile] | None = None) -> list[Mismatch]:
-    record = found.contents.get(f"{info}/RECORD")
-    if record is None:
+def _check_record(found: ImageFiles, site: str, info: str, name: str, rows: list | None, checked: dict,
+                  owners: dict[str, list[tuple[str, str]]], shared: dict[str, SharedFile]) -> list[Mismatch]:
+    if rows is None:
         return [Mismatch("file", f"/{info}/RECORD", "a RECORD", "(missing)")]
-    owners, shared = owners or {}, shared if shared is not None else {}
     out = []
-    for path, digest, size in parse_record(record.decode("utf-8", "replace")):
+    for path, digest, size in rows:
         full = posixpath.normpath(posixpath.join(site, path))
         entry = found.files.get(full)
         if not digest:
