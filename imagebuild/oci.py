@@ -202,21 +202,8 @@ def _json(data: bytes | None, name: str):
 
 @contextlib.contextmanager
 def saved_image(engine, image: str) -> Iterator[BinaryIO]:
-    """The engine's image as a `docker save` stream: engine.save when it has one, else its CLI."""
-    save = getattr(engine, "save", None)
-    if save is not None:
-        try:
-            context = save(image)
-        except NotImplementedError as err:
-            raise ImagebuildError(str(err) or f"the {engine.name} engine cannot stream an image out") from None
-        with context as stream:
-            yield stream
-        return
-    cli = getattr(engine, "cli", None)
-    if engine.name != "docker" or cli is None:
-        raise ImagebuildError(f"the {engine.name} engine cannot stream an image out (no save())")
-    engine.check()
-    with command_stream([cli, "save", image], f"docker save {image}") as stream:
+    """The engine's image as a `docker save` stream (the engine contract's save)."""
+    with engine.save(image) as stream:
         yield stream
 
 

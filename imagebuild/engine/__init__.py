@@ -77,7 +77,8 @@ class Engine(abc.ABC):
     def save(self, image: str) -> contextlib.AbstractContextManager[BinaryIO]:
         """The image as a `docker save` archive stream (manifest.json, config, one tar per layer),
         read once and never held whole: oci, verify and lxc read it."""
-        raise NotImplementedError(f"the {self.name} engine cannot stream an image out")
+        from imagebuild.errors import ImagebuildError
+        raise ImagebuildError(f"the {self.name} engine cannot stream an image out")
 
     def image_exists(self, ref: str) -> bool:
         return self.inspect(ref) is not None

@@ -14,8 +14,16 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from imagebuild.engine import Engine, ImageInfo, Progress, RunResult, run_streaming, widen_pipe
+from imagebuild.engine import (
+    Engine,
+    ImageInfo,
+    Progress,
+    RunResult,
+    run_streaming,
+    widen_pipe,
+)
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
+from imagebuild.oci import command_stream
 
 # Debian's docker.io CLI (20.10) runs BuildKit builds itself; newer CLIs need the buildx plugin.
 _CLI_CANDIDATES = ("/usr/bin/docker", "docker")
@@ -181,19 +189,8 @@ class DockerEngine(Engine):
     def save(self, image: str) -> Iterator[BinaryIO]:
         """`docker save` as a stream: layers are never held in memory."""
         self.check()
-        with tempfile.TemporaryFile() as errors:
-            proc = subprocess.Popen([self.cli, "save", image], stdout=subprocess.PIPE, stderr=errors)
-            try:
-                yield proc.stdout
-                while proc.stdout.read(1 << 20):  # drain: save never blocks on a reader that stopped
-                    pass
-            finally:
-                proc.stdout.close()
-                code = proc.wait()
-            if code != 0:
-                errors.seek(0)
-                raise BuildFailed(f"docker save {image} failed (exit {code}): "
-                                  f"{errors.read().decode('utf-8', 'replace').strip()}")
+        with command_stream([self.cli, "save", image], f"docker save {image}") as stream:
+            yield stream
 
     def import_rootfs(self, tar: Path, ref: str, *, arch: str = "amd64") -> str:
         self.check()
