@@ -205,7 +205,8 @@ def nvcc_in_use(facts: Mapping) -> dict[str, list[str]]:
     toolkits = {t.get("real"): t for t in facts.get("toolkits") or []}
     found: dict[str, list[str]] = {}
     for name, entry in installed.items():
-        release = (toolkits.get(os.path.realpath(entry["home"])) or {}).get("release")
+        real = entry.get("real") or os.path.realpath(entry["home"])  # facts from an older probe lack it
+        release = (toolkits.get(real) or {}).get("release")
         if release:
             found.setdefault(release, []).append(probe.CONSUMER_LABELS[name])
     return found

@@ -487,3 +487,12 @@ def test_cli_image(engine, toolchain_image, monkeypatch, capsys):
     status, out = run_cli(monkeypatch, capsys, "--image", toolchain_image, "--unset", "CUDA_HOME", "--json")
     report = json.loads(out.out)
     assert status == EXIT_OK and report["target"] == f"image {toolchain_image}"  # nvcc on PATH still finds it
+
+
+def test_nvcc_in_use_reads_container_paths_as_the_probe_resolved_them():
+    """Facts from an image: its /usr/local/cuda link does not exist on the host running doctor, so the
+    probe's own resolution of it is what finds the toolkit."""
+    facts = {"consumers": {"torch": {"installed": True, "home": "/nonexistent-in-host/cuda",
+                                     "real": "/nonexistent-in-host/cuda-13.0"}},
+             "toolkits": [{"real": "/nonexistent-in-host/cuda-13.0", "release": "13.0"}]}
+    assert doctor.nvcc_in_use(facts) == {"13.0": [probe.CONSUMER_LABELS["torch"]]}

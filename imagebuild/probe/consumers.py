@@ -79,6 +79,8 @@ def consumer_homes(stack: dict) -> dict:
             entry["how"] = "get_cuda_path() raises: Could not find nvcc and /usr/local/cuda doesn't exist"
         else:
             entry["home"], entry["how"] = rule_home, rule_how
+        # Resolved here, where the paths exist: doctor reads these facts on another machine.
+        entry["real"] = os.path.realpath(entry["home"]) if entry["home"] else None
         consumers[name] = entry
     consumers["triton"] = triton_ptxas(locate_package("triton", dirs))
     return consumers
