@@ -24,6 +24,7 @@ from packaging.version import InvalidVersion, Version
 from imagebuild import __version__
 from imagebuild.bases import BaseIdentity
 from imagebuild.errors import LockError, ResolveFailed, StaleLock, ToolMissing
+from imagebuild.files import write_atomic
 from imagebuild.layers import LAYER_ORDER, LayerPlan
 from imagebuild.recipe import Recipe
 
@@ -309,15 +310,7 @@ def resolve_lock(recipe: Recipe, base: BaseIdentity) -> Lock:
 
 def write_lock(lock: Lock, path: Path) -> None:
     """Temp file + rename: a crash never leaves half a lock."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(lock.to_json())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomic(path, lock.to_json().encode())
 
 
 def read_lock(path: Path) -> Lock:

@@ -30,6 +30,7 @@ from imagebuild import tarstream
 from imagebuild.bases import sha256_file
 from imagebuild.engine import widen_pipe
 from imagebuild.errors import EXIT_FAILED, ImagebuildError, ToolMissing
+from imagebuild.files import atomic_output
 
 Progress = Callable[[str], None]
 ID_RANGE = 65536  # unprivileged containers map uid/gid 0..65535 to 100000..165535
@@ -395,25 +396,6 @@ def compressor_command(compression: str) -> list[str]:
         package = {"zstd": "zstd", "xz": "xz-utils", "gzip": "gzip"}[command[0]]
         raise ToolMissing(f"{command[0]} is not installed: `apt-get install -y {package}`")
     return command
-
-
-@contextlib.contextmanager
-def atomic_output(path: Path) -> Iterator[Path]:
-    """A temp file beside path that becomes path only when the block ends without an exception
-    (KeyboardInterrupt included); otherwise it is removed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    os.close(fd)
-    temp = Path(temp)
-    try:
-        yield temp
-        with open(temp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
 
 
 def compress_to(path: Path, compression: str, write: Callable[[BinaryIO], object]):

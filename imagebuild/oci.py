@@ -30,6 +30,7 @@ from typing import IO, BinaryIO, Callable, Iterator, TypeVar
 
 from imagebuild.bases import BOOTSTRAP_EPOCH, sha256_file
 from imagebuild.errors import BuildFailed, ImagebuildError
+from imagebuild.files import write_atomic
 from imagebuild.oci_normalize import (
     GZIP_LEVEL,
     TAR_ERRORS,
@@ -287,8 +288,8 @@ def image_manifest(config: Descriptor, layers: list[Descriptor]) -> dict:
 def write_index(layout: Path, manifests: list[Descriptor]) -> None:
     index = {"schemaVersion": 2, "mediaType": MEDIA_INDEX,
              "manifests": [d.to_dict() for d in manifests]}
-    (layout / "index.json").write_bytes(canonical_json(index))
-    (layout / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": LAYOUT_VERSION}))
+    write_atomic(Path(layout) / "index.json", canonical_json(index))
+    write_atomic(Path(layout) / "oci-layout", canonical_json({"imageLayoutVersion": LAYOUT_VERSION}))
 
 
 def ref_name_of(image: str) -> str:

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from pathlib import Path
 from imagebuild.bases import cache_dir
 from imagebuild import oci
 from imagebuild.errors import ImagebuildError
+from imagebuild.files import write_atomic
 from imagebuild.oci import LayoutError
 from imagebuild.registry_auth import (
     AuthFailed,
@@ -224,10 +224,7 @@ class MountCache:
     def save(self) -> None:
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False) as tmp:
-            json.dump(self.data, tmp, sort_keys=True)
-        os.replace(tmp.name, self.path)
+        write_atomic(self.path, json.dumps(self.data, sort_keys=True).encode())
 
 
 # ---------------------------------------------------------------- pushing

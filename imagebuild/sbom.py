@@ -13,13 +13,12 @@ manifest itself, and so its digest, is untouched.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import uuid
 from pathlib import Path
 from urllib.parse import quote
 
 from imagebuild import __version__, oci
+from imagebuild.files import write_atomic
 from imagebuild.lock import Lock
 
 MEDIA_CYCLONEDX = "application/vnd.cyclonedx+json"
@@ -137,17 +136,7 @@ def sbom_bytes(document: dict) -> bytes:
 
 def write_sbom(document: dict, path: Path) -> Path:
     """Temp file + rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(sbom_bytes(document))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_atomic(path, sbom_bytes(document))
 
 
 def attach_sbom(layout_dir: Path, document: dict, *, epoch: int = oci.REPRO_EPOCH) -> oci.Descriptor:
@@ -168,16 +157,7 @@ def attach_sbom(layout_dir: Path, document: dict, *, epoch: int = oci.REPRO_EPOC
                            artifact_type=MEDIA_CYCLONEDX)
     stale = {d.digest for d in layout.referrers if d.artifact_type == MEDIA_CYCLONEDX}
     kept = [d for d in layout.manifests if d.digest not in stale]
-    fd, tmp = tempfile.mkstemp(prefix=".index.", dir=layout_dir)
-    os.close(fd)
-    try:
-        Path(tmp).write_bytes(oci.canonical_json({
-            "schemaVersion": 2, "mediaType": oci.MEDIA_INDEX,
-            "manifests": [d.to_dict() for d in kept + [entry]]}))
-        os.replace(tmp, layout_dir / "index.json")
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    oci.write_index(layout_dir, kept + [entry])
     for digest in stale - {entry.digest}:
         oci.blob_path(layout_dir, digest).unlink(missing_ok=True)
     return entry
