@@ -40,7 +40,7 @@ def best_of(n: int, command: list[str]) -> float:
 def raw_compile_command(recipe_path: Path, workdir: Path) -> list[str]:
     from imagebuild.bases import identify
     from imagebuild.lock import compile_command, uv_binary
-    from imagebuild.recipe import load_recipe
+    from imagebuild.recipe.model import load_recipe
     recipe = load_recipe(recipe_path)
     base = identify(recipe.base)
     return compile_command(recipe, base, workdir, uv_binary())

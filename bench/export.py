@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-EXPORT = "import sys, imagebuild.cli as c; sys.exit(c.main(sys.argv[1:]))"
+EXPORT = "import sys, imagebuild.cli.app as c; sys.exit(c.main(sys.argv[1:]))"
 ZSTANDARD = ("import sys, zstandard\n"
              "with zstandard.ZstdCompressor(level=3, threads=-1).stream_writer(sys.stdout.buffer) as w:\n"
              "    while block := sys.stdin.buffer.read(1 << 20): w.write(block)")

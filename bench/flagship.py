@@ -30,7 +30,7 @@ from imagebuild import pipeline  # noqa: E402
 from imagebuild.bases import ensure_base_image  # noqa: E402
 from imagebuild.engine.docker import DockerEngine  # noqa: E402
 from imagebuild.lock import read_lock  # noqa: E402
-from imagebuild.recipe import load_recipe  # noqa: E402
+from imagebuild.recipe.model import load_recipe  # noqa: E402
 
 DOCKER = "/usr/bin/docker"
 NAIVE = """\

@@ -1,3 +1,3 @@
-from imagebuild.cli import main
+from imagebuild.cli.app import main
 
 raise SystemExit(main())

@@ -17,12 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from imagebuild.engine import run_streaming
+from imagebuild.common import BOOTSTRAP_EPOCH, cache_dir, sha256_file
+from imagebuild.engine.streams import run_streaming
 from imagebuild.errors import ImagebuildError, ToolMissing
-from imagebuild.recipe import DebianBase, ImageBase
+from imagebuild.recipe.model import DebianBase, ImageBase
 
-# Fixed so that two bootstraps of the same mirror state give the same bytes (mmdebstrap honours it).
-BOOTSTRAP_EPOCH = 1700000000
 # Bump when the bootstrap command changes, so cached rootfs tars made the old way are not reused.
 BOOTSTRAP_FORMAT = 1
 # What every Debian base needs besides the recipe's packages: the interpreter and TLS roots.
@@ -71,12 +70,6 @@ class BaseIdentity:
     @classmethod
     def from_dict(cls, data: dict) -> "BaseIdentity":
         return cls(**data)
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("IMAGEBUILD_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "imagebuild")
-    return Path(root)
 
 
 def bootstrap_inputs(base: DebianBase) -> dict:
@@ -132,14 +125,6 @@ def bootstrap(base: DebianBase, progress: Progress = lambda _: None, *, refresh:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_dpkg_status(rootfs_tar: Path) -> dict[str, str]:

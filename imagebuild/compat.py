@@ -1,6 +1,7 @@
-"""Compatibility rules: CUDA toolkit, driver, GPU targets, torch, glibc and the pip CUDA toolchain.
+"""Stage 2, compat: rules over a recipe (and later its lock) -> findings; errors stop the pipeline.
 
-The facts live in data/compat.toml, each with its source (loaded by facts.py). Every rule is a small pure function over
+CUDA toolkit, driver, GPU targets, torch, glibc and the pip CUDA toolchain. The facts live in
+knowledge/compat.toml, each with its source (loaded by knowledge/facts.py). Every rule is a small pure function over
 them that returns Findings; none raises on an odd version string. `check_recipe` runs what is
 knowable before resolving; `check_resolved` runs on the locked versions.
 """
@@ -15,11 +16,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from imagebuild.cuda import Arch, CudaVersion, parse_driver
-from imagebuild.recipe import ImageBase, PythonSpec, Recipe
-
-from imagebuild.facts import (_NOT_CUDA, DATA_FILE, SuiteFacts, native_toolkit, _release_cuda, _version,
-                              debian_suite, load_facts, torch_cuda)
+from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
+from imagebuild.knowledge.facts import (_NOT_CUDA, DATA_FILE, SuiteFacts, _release_cuda, _version, debian_suite,
+                                        load_facts, native_toolkit, torch_cuda)
+from imagebuild.recipe.model import ImageBase, PythonSpec, Recipe
 
 # What callers use from here besides the rules: the lookups live in facts.py.
 __all__ = ["Finding", "SuiteFacts", "check_archs", "check_driver", "check_glibc", "check_recipe",

@@ -1,9 +1,9 @@
 """`imagebuild doctor`: the image probe's doctor mode, pointed at a live host, a venv or an image.
 
-The probe (imagebuild/probe/, stdlib only) gathers facts and makes the findings that need nothing
+The probe (imagebuild/payload/probe/, stdlib only) gathers facts and makes the findings that need nothing
 else; it runs under the interpreter in question, or in a throwaway container of an image, shipped
-there as its zipapp inside the command line (probe/bundle.py). This module runs it there and adds
-the rules that read imagebuild/data/compat.toml (compat.py) over the facts it reports: the newest
+there as its zipapp inside the command line (payload/probe/bundle.py). This module runs it there and adds
+the rules that read imagebuild/knowledge/compat.toml (compat.py) over the facts it reports: the newest
 CUDA the driver runs, glibc against nvcc, and whether nvcc and ptxas can target the GPU.
 
     diagnose(python=None)            the host: python3 on PATH, or the interpreter given
@@ -22,14 +22,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from imagebuild import compat, probe
-from imagebuild.cuda import CudaVersion, parse_driver
-from imagebuild.facts import native_toolkit
+from imagebuild import compat, payload
 from imagebuild.engine import Engine
 from imagebuild.errors import ImagebuildError, ToolMissing
-from imagebuild.probe import bundle
+from imagebuild.knowledge.cuda import CudaVersion, parse_driver
+from imagebuild.knowledge.facts import native_toolkit
+from imagebuild.payload import probe
+from imagebuild.payload.probe import bundle
 
-APPLY_PATCH = Path(__file__).parent / "apply_patch.py"
+APPLY_PATCH = payload.PATCHER
 FLASHINFER_PATCH = Path(__file__).parent.parent / "recipes" / "patches" / "flashinfer-cuda-version.patch"
 PROBE_TIMEOUT_S = 120
 # One argv string may hold at most 128 KiB on Linux (MAX_ARG_STRLEN): the zipapp travels as one argument.

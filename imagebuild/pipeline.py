@@ -1,4 +1,6 @@
-"""The library API: check, lock, render, build, smoke. The CLI is a thin layer over these.
+"""The pipeline as a library API: check, lock, render, build, smoke. The CLI is a thin layer over these.
+
+    recipe ─compat─▶ findings ─bases + lock─▶ Lock ─render─▶ context ─engine.build─▶ image ─smoke─▶ tag
 
 Each function takes plain values and returns a report with `to_dict()` for `--json`.
 """
@@ -13,12 +15,12 @@ from pathlib import Path
 from typing import Callable
 
 from imagebuild import compat
-from imagebuild.bases import cache_dir, ensure_base_image, identify
+from imagebuild.bases import ensure_base_image, identify
+from imagebuild.common import cache_dir
 from imagebuild.engine import Engine
 from imagebuild.errors import FindingsFailed, SmokeFailed
-from imagebuild.lock import (Lock, default_lock_path, ensure_fresh, read_lock, resolve_lock,
-                             uv_binary, write_lock)
-from imagebuild.recipe import DebianBase, Recipe, load_recipe
+from imagebuild.lock import Lock, default_lock_path, ensure_fresh, read_lock, resolve_lock, uv_binary, write_lock
+from imagebuild.recipe.model import DebianBase, Recipe, load_recipe
 
 Progress = Callable[[str], None]
 PROBE_COMMAND = ("python", "/opt/imagebuild/probe.pyz", "--expect", "/opt/imagebuild/expect.json")

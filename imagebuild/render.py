@@ -16,17 +16,17 @@ from pathlib import Path
 import jinja2
 from packaging.version import Version
 
-from imagebuild import __version__
+from imagebuild import __version__, payload
 from imagebuild.errors import RecipeError
-from imagebuild.layers import LAYER_ORDER
 from imagebuild.lock import Lock, template_path
-from imagebuild.probe import bundle
-from imagebuild.recipe import Recipe
+from imagebuild.payload.probe import bundle
+from imagebuild.recipe.layers import LAYER_ORDER
+from imagebuild.recipe.model import Recipe
 
 VENV = "/opt/venv"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-PATCHER_SOURCE = Path(__file__).resolve().parent / "apply_patch.py"
-PRUNER_SOURCE = Path(__file__).resolve().parent / "prune.py"
+PATCHER_SOURCE = payload.PATCHER
+PRUNER_SOURCE = payload.PRUNER
 LABEL_PREFIX = "io.imagebuild"
 
 
@@ -164,7 +164,7 @@ def labels(lock: Lock, recipe: Recipe) -> dict[str, str]:
 
 
 def expectations(lock: Lock, imports: tuple[str, ...] = ()) -> dict:
-    """What the in-image probe checks the image against (imagebuild/probe/expect.py reads this file)."""
+    """What the in-image probe checks the image against (imagebuild/payload/probe/expect.py reads this file)."""
     home = cuda_home(lock)
     cuda = dict(lock.cuda, home=home) if lock.cuda and home else None
     deep_gemm = any(name in lock.packages for name in ("sgl-deep-gemm", "deep-gemm"))

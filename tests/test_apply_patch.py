@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from imagebuild import apply_patch
-from imagebuild.apply_patch import PatchError, apply_to_text, check_patch, parse_patch
+from imagebuild.payload import apply_patch
+from imagebuild.payload.apply_patch import PatchError, apply_to_text, check_patch, parse_patch
 
 SCRIPT = Path(apply_patch.__file__)
 FIXTURES = Path(__file__).parent / "fixtures" / "patches"

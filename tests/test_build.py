@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import tarfile
 import os
+import tarfile
 import uuid
 from pathlib import Path
 

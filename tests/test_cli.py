@@ -99,7 +99,7 @@ def test_no_engine_is_exit_3_with_how_to_start_one(write_recipe):
 def test_repository_locks_are_fresh():
     """What CI users do: a committed lock that no longer matches its recipe fails here first."""
     from imagebuild.lock import ensure_fresh, read_lock
-    from imagebuild.recipe import load_recipe
+    from imagebuild.recipe.model import load_recipe
     for recipe_path in sorted((REPO / "recipes").glob("*.toml")):
         recipe = load_recipe(recipe_path)
         lock_path = REPO / "lockfiles" / f"{recipe.stem}.lock"

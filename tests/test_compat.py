@@ -9,25 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imagebuild import facts
-from imagebuild.compat import (
-    Finding,
-    SuiteFacts,
-    check_archs,
-    check_driver,
-    check_glibc,
-    check_recipe,
-    check_resolved,
-    check_toolchain,
-    check_torch,
-    debian_suite,
-    has_errors,
-    load_facts,
-    torch_cuda,
-)
-from imagebuild.cuda import Arch, CudaVersion, parse_driver
+from imagebuild.compat import (Finding, SuiteFacts, check_archs, check_driver, check_glibc, check_recipe,
+                               check_resolved, check_toolchain, check_torch, debian_suite, has_errors, load_facts,
+                               torch_cuda)
 from imagebuild.errors import ImagebuildError
-from imagebuild.recipe import CudaSpec, DebianBase, ImageBase, PythonSpec, Recipe
+from imagebuild.knowledge import facts
+from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
+from imagebuild.recipe.model import CudaSpec, DebianBase, ImageBase, PythonSpec, Recipe
 
 CUDA_12_8 = CudaVersion(12, 8)
 CUDA_13_0 = CudaVersion(13, 0)

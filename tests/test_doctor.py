@@ -19,9 +19,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild import cli, compat, doctor, probe
+from imagebuild import compat, doctor
+from imagebuild.cli import app as cli
 from imagebuild.errors import EXIT_FAILED, EXIT_OK
-from imagebuild.probe import bundle
+from imagebuild.payload import probe
+from imagebuild.payload.probe import bundle
 
 REPO = Path(__file__).resolve().parent.parent
 UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
@@ -73,7 +75,7 @@ def make_venv(root: Path, *requirements: str, no_deps: tuple = (), image_links: 
 
 def apply_flashinfer_patch(venv) -> None:
     sha = hashlib.sha256(FLASHINFER_PATCH.read_bytes()).hexdigest()
-    subprocess.run([str(venv.python), str(REPO / "imagebuild" / "apply_patch.py"), "--strip", "1", "--package",
+    subprocess.run([str(venv.python), str(REPO / "imagebuild" / "payload" / "apply_patch.py"), "--strip", "1", "--package",
                     "flashinfer-python", "--sha256", sha, str(venv.site), str(FLASHINFER_PATCH)], check=True,
                    capture_output=True)
 
@@ -465,8 +467,8 @@ def test_this_host_is_diagnosed(tmp_path):
 
 
 def run_cli(monkeypatch, capsys, *argv) -> tuple:
-    if "imagebuild.cli_doctor" not in cli.EXTENSIONS:  # until cli.py registers it
-        monkeypatch.setattr(cli, "EXTENSIONS", (*cli.EXTENSIONS, "imagebuild.cli_doctor"))
+    if "imagebuild.cli.doctor" not in cli.EXTENSIONS:  # until cli.py registers it
+        monkeypatch.setattr(cli, "EXTENSIONS", (*cli.EXTENSIONS, "imagebuild.cli.doctor"))
     status = cli.main(["doctor", *argv])
     return status, capsys.readouterr()
 

@@ -13,10 +13,10 @@ import pytest
 
 from imagebuild import compat, pipeline
 from imagebuild.errors import FindingsFailed
+from imagebuild.image.verify import verify_image
 from imagebuild.lock import read_lock
-from imagebuild.patches import check_patches
-from imagebuild.recipe import load_recipe
-from imagebuild.verify import verify_image
+from imagebuild.lock.patches import check_patches
+from imagebuild.recipe.model import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "sglang-blackwell.toml"

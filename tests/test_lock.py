@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import imagebuild.lock.lockfile as lock_module
 from imagebuild.bases import BaseIdentity
 from imagebuild.errors import LockError, ResolveFailed, StaleLock
-from imagebuild.layers import LayerPlan
-import imagebuild.lock as lock_module
-from imagebuild.lock import (Lock, LockedWheel, ensure_fresh, parse_lock, parse_pylock, read_lock,
-                             resolve_lock, write_lock)
-from imagebuild.recipe import load_recipe
+from imagebuild.lock import (Lock, LockedWheel, ensure_fresh, parse_lock, parse_pylock, read_lock, resolve_lock,
+                             write_lock)
+from imagebuild.recipe.layers import LayerPlan
+from imagebuild.recipe.model import load_recipe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "locks"
 BOOKWORM = BaseIdentity(kind="debian", suite="bookworm", arch="amd64", python="3.11", glibc="2.36",

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from imagebuild import cli, lxc, lxc_gpu
+from imagebuild.cli import app as cli
 from imagebuild.errors import ToolMissing
 from imagebuild.pipeline import PROBE_COMMAND
-
+from imagebuild.publish import lxc, lxc_gpu, rootfs_filter
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLCHAIN_RECIPE = ROOT / "recipes" / "cuda-toolchain.toml"
@@ -84,10 +84,10 @@ def make_tar(entries) -> bytes:
     return buffer.getvalue()
 
 
-def run_filter(entries, plan=lxc.TemplatePlan(env=("PATH=/opt/venv/bin:/usr/bin", "CUDA_HOME=/opt/cuda"),
+def run_filter(entries, plan=rootfs_filter.TemplatePlan(env=("PATH=/opt/venv/bin:/usr/bin", "CUDA_HOME=/opt/cuda"),
                                               command=("python",), epoch=1700000000)):
     sink = io.BytesIO()
-    summary = lxc.filter_rootfs(io.BytesIO(make_tar(entries) if isinstance(entries, list) else entries),
+    summary = rootfs_filter.filter_rootfs(io.BytesIO(make_tar(entries) if isinstance(entries, list) else entries),
                                 sink, plan)
     sink.seek(0)
     with tarfile.open(fileobj=sink) as tar:
@@ -114,29 +114,29 @@ def test_every_name_sits_under_dot_slash_once():
 
 
 def test_an_owner_outside_the_unprivileged_range_names_the_file():
-    with pytest.raises(lxc.OwnerOutOfRange, match=r"/opt/data/model\.bin is owned by 100000:0"):
+    with pytest.raises(rootfs_filter.OwnerOutOfRange, match=r"/opt/data/model\.bin is owned by 100000:0"):
         run_filter(debian_rootfs(entry("opt/data/model.bin", b"w", uid=100000)))
-    with pytest.raises(lxc.OwnerOutOfRange, match="65536"):
+    with pytest.raises(rootfs_filter.OwnerOutOfRange, match="65536"):
         run_filter(debian_rootfs(entry("opt/x", gid=65536)))
     summary, members = run_filter(debian_rootfs(entry("opt/edge", uid=65535, gid=65535)))
     assert members["./opt/edge"][0].uid == 65535
 
 
 def test_missing_os_release_is_refused():
-    with pytest.raises(lxc.NotAProxmoxOs, match="no /etc/os-release"):
+    with pytest.raises(rootfs_filter.NotAProxmoxOs, match="no /etc/os-release"):
         run_filter(debian_rootfs(os_release=False))
 
 
 def test_debian_without_its_version_file_is_refused():
-    with pytest.raises(lxc.NotAProxmoxOs, match="etc/debian_version is missing"):
+    with pytest.raises(rootfs_filter.NotAProxmoxOs, match="etc/debian_version is missing"):
         run_filter(debian_rootfs(debian_version=None))
-    with pytest.raises(lxc.NotAProxmoxOs, match="missing or empty"):
+    with pytest.raises(rootfs_filter.NotAProxmoxOs, match="missing or empty"):
         run_filter(debian_rootfs(debian_version=b"\n"))
 
 
 def test_an_os_proxmox_cannot_set_up_is_refused():
     entries = [e for e in debian_rootfs() if e["name"] != "usr/lib/os-release"]
-    with pytest.raises(lxc.NotAProxmoxOs, match="ID='wolfi'"):
+    with pytest.raises(rootfs_filter.NotAProxmoxOs, match="ID='wolfi'"):
         run_filter(entries + [entry("usr/lib/os-release", b"ID=wolfi\n")])
 
 
@@ -166,20 +166,20 @@ def test_the_image_init_is_kept_in_auto_mode_and_replaced_in_shim_mode():
     summary, members = run_filter(debian_rootfs(*systemd))
     assert summary.init == "image" and members["./usr/sbin/init"][0].issym()
     assert "./etc/imagebuild/command" not in members
-    plan = lxc.TemplatePlan(init="shim", epoch=0)
+    plan = rootfs_filter.TemplatePlan(init="shim", epoch=0)
     summary, members = run_filter(debian_rootfs(*systemd), plan)
     assert summary.init == "shim" and members["./usr/sbin/init"][0].isreg()
     assert "./usr/lib/systemd/systemd" in members  # the link was replaced, not what it points to
 
 
 def test_init_image_without_one_is_refused():
-    with pytest.raises(lxc.NotAProxmoxOs, match="no /sbin/init"):
-        run_filter(debian_rootfs(), lxc.TemplatePlan(init="image"))
+    with pytest.raises(rootfs_filter.NotAProxmoxOs, match="no /sbin/init"):
+        run_filter(debian_rootfs(), rootfs_filter.TemplatePlan(init="image"))
 
 
 def test_command_and_environment_files_quote_what_they_carry():
     env = ("A=plain", "B=two words", "C=it's", "D=x\"y", "bad-name=1")
-    plan = lxc.TemplatePlan(env=env, command=("sh", "-c", "echo $HOME; exit 3"), workdir="/srv/my app")
+    plan = rootfs_filter.TemplatePlan(env=env, command=("sh", "-c", "echo $HOME; exit 3"), workdir="/srv/my app")
     summary, members = run_filter(debian_rootfs(), plan)
     command = members["./etc/imagebuild/command"][1].decode()
     assert "cd '/srv/my app' 2>/dev/null || cd /\n" in command
@@ -195,10 +195,10 @@ def test_command_and_environment_files_quote_what_they_carry():
 
 def test_mtimes_are_clamped_and_the_output_is_the_same_twice():
     entries = debian_rootfs(entry("opt/new", b"n", mtime=2000000000), entry("opt/old", b"o", mtime=5))
-    plan = lxc.TemplatePlan(epoch=1800000000)
+    plan = rootfs_filter.TemplatePlan(epoch=1800000000)
     one, two = io.BytesIO(), io.BytesIO()
-    lxc.filter_rootfs(io.BytesIO(make_tar(entries)), one, plan)
-    lxc.filter_rootfs(io.BytesIO(make_tar(entries)), two, plan)
+    rootfs_filter.filter_rootfs(io.BytesIO(make_tar(entries)), one, plan)
+    rootfs_filter.filter_rootfs(io.BytesIO(make_tar(entries)), two, plan)
     assert one.getvalue() == two.getvalue()
     one.seek(0)
     with tarfile.open(fileobj=one) as tar:
@@ -206,12 +206,12 @@ def test_mtimes_are_clamped_and_the_output_is_the_same_twice():
 
 
 def test_driver_libraries_are_found_and_stubs_pass_unless_loaded():
-    assert lxc.is_driver_library("usr/lib/x86_64-linux-gnu/libcuda.so.1")
-    assert lxc.is_driver_library("opt/x/libcuda.so")
-    assert not lxc.is_driver_library("opt/cuda/lib64/stubs/libcuda.so")
-    assert lxc.is_driver_library("opt/cuda/lib64/stubs/libcuda.so",
+    assert rootfs_filter.is_driver_library("usr/lib/x86_64-linux-gnu/libcuda.so.1")
+    assert rootfs_filter.is_driver_library("opt/x/libcuda.so")
+    assert not rootfs_filter.is_driver_library("opt/cuda/lib64/stubs/libcuda.so")
+    assert rootfs_filter.is_driver_library("opt/cuda/lib64/stubs/libcuda.so",
                                  ["LD_LIBRARY_PATH=/opt/lib:/opt/cuda/lib64/stubs/"])
-    assert not lxc.is_driver_library("opt/cuda/lib/libcudart.so.13")
+    assert not rootfs_filter.is_driver_library("opt/cuda/lib/libcudart.so.13")
     summary, _ = run_filter(debian_rootfs(entry("usr/lib/libcuda.so.1", b"\x7fELF"),
                                           symlink("usr/lib/libcuda.so", "libcuda.so.1")))
     assert summary.driver_libraries == ["/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so"]
@@ -220,12 +220,12 @@ def test_driver_libraries_are_found_and_stubs_pass_unless_loaded():
 @pytest.mark.parametrize("cut", [100, 700, 1500, -1024, -512, -1])
 def test_a_truncated_stream_is_refused(cut):
     data = make_tar(debian_rootfs(entry("opt/blob", os.urandom(3000))))
-    with pytest.raises(lxc.UnreadableRootfs):
+    with pytest.raises(rootfs_filter.UnreadableRootfs):
         run_filter(data[:cut] if cut > 0 else data[:len(data) + cut - 9216])
 
 
 def test_names_that_climb_out_are_refused():
-    with pytest.raises(lxc.UnreadableRootfs, match="climbs out"):
+    with pytest.raises(rootfs_filter.UnreadableRootfs, match="climbs out"):
         run_filter(debian_rootfs(entry("../etc/passwd", b"x")))
 
 
@@ -233,8 +233,8 @@ def test_names_that_climb_out_are_refused():
 
 def _filter_or_refuse(data: bytes) -> None:
     try:
-        lxc.filter_rootfs(io.BytesIO(data), io.BytesIO(), lxc.TemplatePlan(epoch=0))
-    except lxc.TemplateError as err:
+        rootfs_filter.filter_rootfs(io.BytesIO(data), io.BytesIO(), rootfs_filter.TemplatePlan(epoch=0))
+    except rootfs_filter.TemplateError as err:
         assert str(err)
 
 
@@ -280,9 +280,9 @@ def test_proc_devices_parser_never_raises(text):
 def test_compression_comes_from_the_suffix(tmp_path):
     assert lxc.compression_for(Path("a.tar.zst")) == "zst"
     assert lxc.compression_for(Path("a.tar.xz"), "xz") == "xz"
-    with pytest.raises(lxc.TemplateError, match="--compress gz"):
+    with pytest.raises(rootfs_filter.TemplateError, match="--compress gz"):
         lxc.compression_for(Path("a.tar.zst"), "gz")
-    with pytest.raises(lxc.TemplateError, match="ends with .tar.zst, .tar.gz or .tar.xz"):
+    with pytest.raises(rootfs_filter.TemplateError, match="ends with .tar.zst, .tar.gz or .tar.xz"):
         lxc.compression_for(Path("a.zst"))
     assert lxc.default_name("imagebuild/cuda-toolchain:13.0") == "imagebuild-cuda-toolchain_13.0_amd64.tar.zst"
     assert lxc.default_name("localhost:5000/x", "xz") == "localhost-5000-x_latest_amd64.tar.xz"
@@ -293,7 +293,7 @@ def test_compression_comes_from_the_suffix(tmp_path):
 def test_each_compressor_writes_what_tar_reads(tmp_path, suffix):
     out = tmp_path / f"t{suffix}"
     summary, size, digest = lxc.write_template(io.BytesIO(make_tar(debian_rootfs())), out,
-                                               lxc.TemplatePlan(epoch=0), lxc.compression_for(out))
+                                               rootfs_filter.TemplatePlan(epoch=0), lxc.compression_for(out))
     assert out.stat().st_size == size and out.stat().st_mode & 0o777 == 0o644
     flag = {".tar.zst": "--zstd", ".tar.gz": "-z", ".tar.xz": "-J"}[suffix]
     listing = subprocess.run(["tar", "tf", str(out), flag], capture_output=True, text=True, check=True)
@@ -323,14 +323,14 @@ def test_a_failure_mid_stream_leaves_no_file(tmp_path, error):
     data = make_tar(debian_rootfs(entry("opt/blob", os.urandom(1 << 20))))
     out = tmp_path / "t.tar.zst"
     with pytest.raises(type(error)):
-        lxc.write_template(io.BufferedReader(_Failing(data, 600_000, error)), out, lxc.TemplatePlan())
+        lxc.write_template(io.BufferedReader(_Failing(data, 600_000, error)), out, rootfs_filter.TemplatePlan())
     assert os.listdir(tmp_path) == []
 
 
 def test_a_refused_rootfs_leaves_no_file(tmp_path):
-    with pytest.raises(lxc.OwnerOutOfRange):
+    with pytest.raises(rootfs_filter.OwnerOutOfRange):
         lxc.write_template(io.BytesIO(make_tar(debian_rootfs(entry("opt/x", uid=70000)))),
-                           tmp_path / "t.tar.zst", lxc.TemplatePlan())
+                           tmp_path / "t.tar.zst", rootfs_filter.TemplatePlan())
     assert os.listdir(tmp_path) == []
 
 
@@ -607,7 +607,7 @@ def unpacked(engine, toolchain, tmp_path_factory):
     need_nspawn()
     work = tmp_path_factory.mktemp("lxc")
     out = work / "toolchain.tar.zst"
-    code = "import sys, imagebuild.cli as c; sys.exit(c.main(sys.argv[1:]))"
+    code = "import sys, imagebuild.cli.app as c; sys.exit(c.main(sys.argv[1:]))"
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", code, "export-lxc", toolchain, "-o", str(out),
                            "--cmd", PROBE, "--json"], capture_output=True, text=True, timeout=600)
@@ -687,7 +687,7 @@ def pipeline_smoke(engine, image: str) -> dict:
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_a_stopped_export_leaves_no_file(engine, toolchain, tmp_path, stop):
     out = tmp_path / "t.tar.zst"
-    code = "import sys, imagebuild.cli as c; sys.exit(c.main(sys.argv[1:]))"
+    code = "import sys, imagebuild.cli.app as c; sys.exit(c.main(sys.argv[1:]))"
     # As from a terminal: a shell without job control (CI, background jobs) starts children with
     # SIGINT ignored, and Python keeps it so.
     proc = subprocess.Popen([sys.executable, "-c", code, "export-lxc", toolchain, "-o", str(out)],

@@ -1,4 +1,4 @@
-"""imagebuild.oci: layer normalization, saved-image reading, layout writing and reading.
+"""imagebuild.image.oci: layer normalization, saved-image reading, layout writing and reading.
 
 These tests make their own tars and layouts on disk; the engine round trip is in test_repro_build.py.
 """
@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from imagebuild import oci
+from imagebuild.image import export, oci
+from imagebuild.image.normalize import LayerError
 
 EPOCH = oci.REPRO_EPOCH
 LATE = EPOCH + 12345  # "build time": after the epoch, so it is clamped
@@ -60,15 +61,15 @@ def sample_members(order=1, mtime=LATE):
     return members[::order]
 
 
-def normalize_bytes(data: bytes, tmp_path: Path, epoch=EPOCH) -> oci.LayerBlob:
+def normalize_bytes(data: bytes, tmp_path: Path, epoch=EPOCH) -> export.LayerBlob:
     tmp_path.mkdir(parents=True, exist_ok=True)
     raw = tmp_path / f"raw-{hashlib.sha256(data).hexdigest()[:8]}.tar"
     raw.write_bytes(data)
     with open(raw, "rb") as handle:
-        return oci.normalize_layer(handle, tmp_path / "blobs", epoch=epoch)
+        return export.normalize_layer(handle, tmp_path / "blobs", epoch=epoch)
 
 
-def read_blob_tar(tmp_path: Path, layer: oci.LayerBlob) -> list[tarfile.TarInfo]:
+def read_blob_tar(tmp_path: Path, layer: export.LayerBlob) -> list[tarfile.TarInfo]:
     blob = oci.blob_path(tmp_path, layer.descriptor.digest).read_bytes()
     plain = gzip.decompress(blob)
     assert "sha256:" + hashlib.sha256(plain).hexdigest() == layer.diff_id
@@ -148,14 +149,14 @@ def test_duplicate_paths_keep_the_last(tmp_path):
     (b"", "not a readable layer tar"),
 ])
 def test_damaged_layers_are_clear_errors(tmp_path, bad, message):
-    with pytest.raises(oci.LayerError, match=message):
+    with pytest.raises(LayerError, match=message):
         normalize_bytes(bad, tmp_path)
 
 
 def test_a_damaged_header_after_the_first_is_not_silently_the_end(tmp_path):
     good = make_tar([member("a", data=b"x"), member("b", data=b"y")])
     broken = good[:1024] + b"garbage!" + good[1032:]  # the second header's checksum no longer holds
-    with pytest.raises(oci.LayerError, match="damaged"):
+    with pytest.raises(LayerError, match="damaged"):
         normalize_bytes(broken, tmp_path)
 
 
@@ -164,7 +165,7 @@ def test_a_damaged_header_after_the_first_is_not_silently_the_end(tmp_path):
 def test_arbitrary_bytes_never_escape_as_a_traceback(tmp_path, data):
     try:
         normalize_bytes(data, tmp_path)
-    except oci.LayerError:
+    except LayerError:
         pass
 
 
@@ -181,7 +182,7 @@ def test_garbled_tars_are_normalized_or_refused(tmp_path, edits, cut):
             data[offset] = value
     try:
         layer = normalize_bytes(bytes(data), tmp_path)
-    except oci.LayerError:
+    except LayerError:
         return
     read_blob_tar(tmp_path, layer)  # what was accepted is a readable tar
 
@@ -209,16 +210,16 @@ def engine_config(diff_ids=2):
             "rootfs": {"type": "layers", "diff_ids": ["sha256:" + "0" * 64] * diff_ids}}
 
 
-def export_archive(archive: bytes, out: Path, ref_name="1") -> oci.LayoutResult:
+def export_archive(archive: bytes, out: Path, ref_name="1") -> export.LayoutResult:
     def normalize(name, stream):
         raw = out.parent / f"spill-{name.replace('/', '_')}"
         raw.write_bytes(stream.read())
         with open(raw, "rb") as handle:
-            return oci.normalize_layer(handle, out / "blobs", epoch=EPOCH)
+            return export.normalize_layer(handle, out / "blobs", epoch=EPOCH)
 
     out.mkdir(parents=True)
-    saved = oci.read_saved(io.BytesIO(archive), normalize)
-    return oci.write_image(out, saved.config, saved.layers, epoch=EPOCH, ref_name=ref_name)
+    saved = export.read_saved(io.BytesIO(archive), normalize)
+    return export.write_image(out, saved.config, saved.layers, epoch=EPOCH, ref_name=ref_name)
 
 
 def test_saved_image_to_layout_is_standard_and_readable(tmp_path):
@@ -259,7 +260,7 @@ def test_layout_passes_oci_image_tool_and_umoci_unpacks_it(tmp_path):
 
 
 def test_layer_cache_reuses_a_blob_only_for_the_same_input(tmp_path):
-    cache = oci.LayerCache(tmp_path / "cache")
+    cache = export.LayerCache(tmp_path / "cache")
     (tmp_path / "l1/blobs").mkdir(parents=True)
     layer = normalize_bytes(make_tar(sample_members()), tmp_path / "l1")
     cache.put("ab" * 32, EPOCH, layer, tmp_path / "l1/blobs")
@@ -279,7 +280,7 @@ def test_layer_cache_reuses_a_blob_only_for_the_same_input(tmp_path):
 ])
 def test_bad_saved_images_are_clear_errors(archive, message):
     with pytest.raises(oci.LayoutError, match=message):
-        oci.read_saved(io.BytesIO(archive), lambda name, stream: stream.read())
+        export.read_saved(io.BytesIO(archive), lambda name, stream: stream.read())
 
 
 def test_layout_with_a_damaged_blob_is_refused(tmp_path):
@@ -332,7 +333,7 @@ def test_manifest_json_from_outside_is_parsed_or_refused(value, raw):
 @given(config=st.dictionaries(st.sampled_from(["config", "history", "architecture", "os", "variant",
                                                 "rootfs", "created"]), json_values, max_size=6))
 def test_any_engine_config_normalizes_without_error(config):
-    out = oci.normalized_config(config, ["sha256:" + "0" * 64], EPOCH)
+    out = export.normalized_config(config, ["sha256:" + "0" * 64], EPOCH)
     assert out["created"] == oci.rfc3339(EPOCH) and out["rootfs"]["diff_ids"] == ["sha256:" + "0" * 64]
     json.dumps(out)
 
@@ -349,6 +350,6 @@ def test_garbled_saved_images_are_read_or_refused(cut, edits):
         if offset < len(data):
             data[offset] = value
     try:
-        oci.read_saved(io.BytesIO(bytes(data)), lambda name, stream: stream.read())
-    except (oci.LayoutError, oci.LayerError):
+        export.read_saved(io.BytesIO(bytes(data)), lambda name, stream: stream.read())
+    except (oci.LayoutError, LayerError):
         pass

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild import probe
-from imagebuild.probe import bundle
+from imagebuild.payload import probe
+from imagebuild.payload.probe import bundle
 
 # The zipapp, as images carry it (/opt/imagebuild/probe.pyz): the CLI tests below run this file.
 _BUILT = tempfile.TemporaryDirectory(prefix="imagebuild-probe-test-")
@@ -506,6 +506,6 @@ def test_expect_rejects_malformed_stack_keys(key, value):
 
 def test_gpu_compute_tier_skips_without_a_gpu_or_without_torch():
     """Tier 4 runs only where a GPU is visible (the task's device checks); here it must say why not."""
-    from imagebuild.probe.gpu_compute import check_gpu_compute
+    from imagebuild.payload.probe.gpu_compute import check_gpu_compute
     assert check_gpu_compute({"torch_cuda": "13.0"}, gpu_visible=False)["detail"] == "no GPU visible"
     assert check_gpu_compute({"torch_cuda": None}, gpu_visible=True)["detail"] == "no torch in the lock"

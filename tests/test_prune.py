@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imagebuild import prune
 from imagebuild.errors import RecipeError
-from imagebuild.probe import waste
-from imagebuild.recipe import parse_recipe
+from imagebuild.payload import prune
+from imagebuild.payload.probe import waste
+from imagebuild.recipe.model import parse_recipe
 from tests.test_apply_patch import install, record_hash
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from imagebuild.cuda import Arch, CudaVersion
 from imagebuild.errors import RecipeError
-from imagebuild.recipe import DebianBase, ImageBase, Patch, Recipe, load_recipe, parse_recipe
-from imagebuild.recipe_toml import dotted, locate
+from imagebuild.knowledge.cuda import Arch, CudaVersion
+from imagebuild.recipe.model import DebianBase, ImageBase, Patch, Recipe, load_recipe, parse_recipe
+from imagebuild.recipe.reader import dotted, locate
 
 FIXTURES = Path(__file__).parent / "fixtures" / "recipes"
 DIGEST = "sha256:" + "0123456789abcdef" * 4

@@ -18,25 +18,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imagebuild import cli, registry
+from imagebuild.cli import app as cli
 from imagebuild.errors import ImagebuildError
-from imagebuild.registry_auth import (
-    AuthFailed,
-    Challenge,
-    Credentials,
-    CredentialsError,
-    find_credentials,
-    parse_docker_config,
-    parse_upload_range,
-    parse_www_authenticate,
-    read_token,
-    registry_key,
-)
-from imagebuild.registry_client import RegistryUnreachable
+from imagebuild.publish import registry
+from imagebuild.publish.registry_auth import (AuthFailed, Challenge, Credentials, CredentialsError, find_credentials,
+                                              parse_docker_config, parse_upload_range, parse_www_authenticate,
+                                              read_token, registry_key)
+from imagebuild.publish.registry_client import RegistryUnreachable
 
 sys.path.insert(0, str(Path(__file__).parent))
 import registry_server
 from registry_server import Proxy, TokenService, make_tls, start_registry
+
+from imagebuild.publish import push_source
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -60,8 +54,8 @@ def isolated(tmp_path, monkeypatch):
             monkeypatch.delenv(name)
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
     monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))
-    if "imagebuild.cli_publish" not in cli.EXTENSIONS:
-        monkeypatch.setattr(cli, "EXTENSIONS", cli.EXTENSIONS + ("imagebuild.cli_publish",))
+    if "imagebuild.cli.publish" not in cli.EXTENSIONS:
+        monkeypatch.setattr(cli, "EXTENSIONS", cli.EXTENSIONS + ("imagebuild.cli.publish",))
 
 
 def imagebuild(capsys, *argv: str) -> tuple[int, str, str]:
@@ -120,7 +114,7 @@ def assert_pulled_back_equal(server, ref: str, layout: Path, tmp_path: Path, use
     registry_server.run("skopeo", "copy", "--insecure-policy", "--preserve-digests",
                         *[f.replace("--", "--src-", 1) for f in server.skopeo_flags(user)],
                         f"docker://{ref}", f"oci:{pulled}:x")
-    original, copy = registry.read_layout(layout), registry.read_layout(pulled)
+    original, copy = push_source.read_layout(layout), push_source.read_layout(pulled)
     assert copy.digest == original.digest
     for blob in original.blobs:
         assert (pulled / "blobs" / "sha256" / blob.digest[7:]).read_bytes() == blob.path.read_bytes()
@@ -136,7 +130,7 @@ def test_push_over_plain_http_is_pulled_back_by_skopeo(layouts, plain, capsys, t
                                 "--digest-file", digest_file)
     assert code == 0, err
     report = json.loads(out)
-    expected = registry.read_layout(layouts["v1"]).digest
+    expected = push_source.read_layout(layouts["v1"]).digest
     assert report["digest"] == expected == digest_file.read_text().strip()
     assert report["pinned"] == f"{ref}@{expected}"
     assert {b["action"] for b in report["blobs"]} == {"uploaded"}
@@ -156,7 +150,7 @@ def test_a_warm_push_sends_only_the_changed_layer(layouts, plain):
     proxy = Proxy(int(plain.host.rsplit(":", 1)[1]))
     try:
         ref = f"{proxy.host}/team/tiny:1"
-        v1, v2 = registry.read_layout(layouts["v1"]), registry.read_layout(layouts["v2"])
+        v1, v2 = push_source.read_layout(layouts["v1"]), push_source.read_layout(layouts["v2"])
         cold = registry.push(layouts["v1"], ref, insecure_http=True, chunk_size=MiB)
         total = sum(b.size for b in v1.blobs)
         assert cold.bytes_sent == total and proxy.sent_upstream >= total
@@ -212,7 +206,7 @@ def test_an_upload_cut_midway_through_a_chunk_still_completes(layouts, plain, tm
         # a registry that reports the bytes it kept lets us go on from there
         assert big.restarts + len(big.resumed_at) == 1
         assert big.bytes_sent > big.size
-        assert report.digest == registry.read_layout(layouts["v1"]).digest
+        assert report.digest == push_source.read_layout(layouts["v1"]).digest
         assert_pulled_back_equal(plain, f"{plain.host}/team/cut:1", layouts["v1"], tmp_path)
     finally:
         proxy.close()
@@ -387,18 +381,18 @@ def test_an_engine_image_is_exported_then_pushed(layouts, plain, capsys):
 @pytest.mark.engine
 def test_layout_errors_name_the_problem(layouts, tmp_path):
     with pytest.raises(ImagebuildError, match="not an OCI image layout"):
-        registry.read_layout(tmp_path)
+        push_source.read_layout(tmp_path)
     broken = tmp_path / "broken"
     shutil.copytree(layouts["v1"], broken)
-    image = registry.read_layout(broken)
+    image = push_source.read_layout(broken)
     image.blobs[-1].path.unlink()
     with pytest.raises(ImagebuildError, match=f"blob {image.blobs[-1].digest} is missing"):
-        registry.read_layout(broken)
+        push_source.read_layout(broken)
     (broken / "blobs" / "sha256" / image.digest[7:]).write_bytes(b"{}")
     with pytest.raises(ImagebuildError, match="does not match its bytes"):
-        registry.read_layout(broken)
+        push_source.read_layout(broken)
     with pytest.raises(ImagebuildError, match="names no registry host"):
-        registry.parse_reference("ubuntu:24.04")
+        push_source.parse_reference("ubuntu:24.04")
 
 
 # ---------------------------------------------------------------- parsers, on examples
@@ -445,17 +439,17 @@ def test_environment_credentials_come_first(monkeypatch):
 
 
 def test_reference_examples():
-    assert registry.parse_reference("127.0.0.1:5000/team/img") == registry.Reference(
+    assert push_source.parse_reference("127.0.0.1:5000/team/img") == push_source.Reference(
         "127.0.0.1:5000", "team/img", "latest")
-    ref = registry.parse_reference(f"localhost/a/b:1.0@sha256:{'a' * 64}")
+    ref = push_source.parse_reference(f"localhost/a/b:1.0@sha256:{'a' * 64}")
     assert (ref.repository, ref.tag, ref.digest) == ("a/b", "1.0", f"sha256:{'a' * 64}")
     for bad in ("reg.test/UPPER:1", "reg.test/a:-x", "reg.test/a@md5:00"):
         with pytest.raises(ImagebuildError):
-            registry.parse_reference(bad)
+            push_source.parse_reference(bad)
 
 
 def test_token_request_and_reply():
-    from imagebuild.registry_auth import token_request
+    from imagebuild.publish.registry_auth import token_request
     challenge = Challenge("bearer", {"realm": "https://auth.test/t", "service": "reg"})
     request = token_request(challenge, ["repository:a:pull,push"], Credentials("u", "p"))
     assert request["params"] == [("service", "reg"), ("scope", "repository:a:pull,push")]
@@ -530,10 +524,10 @@ def test_docker_config_gives_a_config_or_a_credentials_error(text):
 @given(st.text())
 def test_references_parse_or_raise_a_clear_error(text):
     try:
-        ref = registry.parse_reference(text)
+        ref = push_source.parse_reference(text)
     except ImagebuildError:
         return
-    assert registry.parse_reference(str(ref)) == ref
+    assert push_source.parse_reference(str(ref)) == ref
 
 
 @given(st.text())

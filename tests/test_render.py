@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.cuda import Arch, CudaVersion
 from imagebuild.errors import RecipeError
+from imagebuild.knowledge.cuda import Arch, CudaVersion
 from imagebuild.lock import LockedPatch, LockedWheel, parse_pylock
-from imagebuild.layers import LayerPlan
-from imagebuild.probe import bundle
-from imagebuild.recipe import CudaSpec, DebianBase, Patch, Prune, PythonSpec, Recipe
+from imagebuild.payload.probe import bundle
+from imagebuild.recipe.layers import LayerPlan
+from imagebuild.recipe.model import CudaSpec, DebianBase, Patch, Prune, PythonSpec, Recipe
 from imagebuild.render import docker_quote, render_context, render_dockerfile, render_values
 from tests.test_lock import FIXTURES, _lock
 

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import cli, oci
 from imagebuild.bases import ensure_base_image
+from imagebuild.cli import app as cli
 from imagebuild.engine.docker import DockerEngine
 from imagebuild.errors import EngineUnavailable, ToolMissing
+from imagebuild.image import export, oci
 from imagebuild.lock import ensure_fresh, read_lock, uv_binary
 from imagebuild.pipeline import ca_bundle, smoke
-from imagebuild.recipe import load_recipe
+from imagebuild.recipe.model import load_recipe
 from imagebuild.render import render_context, site_packages
 
 pytestmark = pytest.mark.engine
@@ -38,7 +39,7 @@ class Build:
     ref: str
     image_id: str
     seconds: float
-    layout: oci.LayoutResult
+    layout: export.LayoutResult
 
 
 @dataclass
@@ -46,7 +47,7 @@ class Builds:
     a: Build
     b: Build
     tmp: Path
-    cache: oci.LayerCache
+    cache: export.LayerCache
     lock: Path  # a copy of the lock they were built from: others may relock meanwhile
 
 
@@ -55,7 +56,7 @@ def prune_builder_cache() -> None:
 
 
 def run_cli(argv: list[str], monkeypatch, capsys) -> tuple[int, dict]:
-    monkeypatch.setattr(cli, "EXTENSIONS", tuple(dict.fromkeys(cli.EXTENSIONS + ("imagebuild.cli_repro",))))
+    monkeypatch.setattr(cli, "EXTENSIONS", tuple(dict.fromkeys(cli.EXTENSIONS + ("imagebuild.cli.repro",))))
     capsys.readouterr()
     code = cli.main(argv + ["--json"])
     return code, json.loads(capsys.readouterr().out)
@@ -111,13 +112,13 @@ def builds(engine, made, tmp_path_factory) -> Builds:
     contexts = [render_context(lock, recipe, tmp / f"context-{n}", uv_path=uv_binary(),
                                lock_text=lock_path.read_text()) for n in "ab"]
     assert tree(contexts[0]) == tree(contexts[1]), "rendering the same lock twice gave two contexts"
-    cache = oci.LayerCache(tmp / "cache" / "oci")
+    cache = export.LayerCache(tmp / "cache" / "oci")
     done = []
     for name, context in zip("ab", contexts):
         prune_builder_cache()
         ref = f"{REPO}:{name}"
         image_id, seconds = build_tagged(engine, context, ref, made)
-        layout = oci.export_layout(engine, ref, tmp / f"layout-{name}", cache=cache)
+        layout = export.export_layout(engine, ref, tmp / f"layout-{name}", cache=cache)
         done.append(Build(ref, image_id, seconds, layout))
     for b in done:
         print(f"\nREPRO {b.ref}: built in {b.seconds:.1f} s (docker id {b.image_id[:19]}), exported in "
@@ -175,7 +176,7 @@ def test_a_step_that_writes_the_date_is_caught_and_named(engine, builds, made, m
         prune_builder_cache()
         ref = f"{REPO}:{name}"
         build_tagged(engine, context, ref, made)
-        layouts.append(oci.export_layout(engine, ref, builds.tmp / name, cache=builds.cache))
+        layouts.append(export.export_layout(engine, ref, builds.tmp / name, cache=builds.cache))
     one, two = layouts
     assert one.diff_ids[:-1] == two.diff_ids[:-1] == builds.a.layout.diff_ids
     assert one.diff_ids[-1] != two.diff_ids[-1] and one.manifest_digest != two.manifest_digest
@@ -208,11 +209,11 @@ def test_buildah_builds_the_same_context_and_it_verifies(builds, tmp_path):
         image_id, seconds = build_tagged(buildah, builds.tmp / "context-a", ref, [])
         report = smoke(ref, buildah, gpus=False)
         assert report.ok, report.report
-        layout = oci.export_layout(buildah, ref, tmp_path / "layout", cache=False)
+        layout = export.export_layout(buildah, ref, tmp_path / "layout", cache=False)
         same = [i for i, (x, y) in enumerate(zip(layout.diff_ids, builds.a.layout.diff_ids)) if x == y]
         print(f"\nREPRO buildah: built in {seconds:.1f} s, manifest {layout.manifest_digest}; "
               f"layers equal to docker's: {same} of {len(layout.diff_ids)}")
-        from imagebuild.verify import verify_image
+        from imagebuild.image.verify import verify_image
         verified = verify_image(buildah, f"oci:{layout.path}", builds.lock)
         assert verified.ok, verified.mismatches
     finally:
@@ -224,6 +225,7 @@ def test_buildah_builds_the_same_context_and_it_verifies(builds, tmp_path):
 @pytest.mark.skipif(not shutil.which("buildah"), reason="needs buildah (apt-get install -y buildah)")
 def test_buildah_engine_contract_on_a_tiny_image(tmp_path):
     import tarfile
+
     from imagebuild.engine.buildah import BuildahEngine
     buildah = BuildahEngine()
     (tmp_path / "ctx").mkdir()
@@ -237,7 +239,7 @@ def test_buildah_engine_contract_on_a_tiny_image(tmp_path):
         assert info.id == image_id and info.labels["x"] == "1" and len(info.diff_ids) == 1
         with buildah.export_rootfs(ref) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             assert {m.name: m.mtime for m in tar} == {"etc": oci.REPRO_EPOCH, "etc/a": oci.REPRO_EPOCH}
-        layout = oci.export_layout(buildah, ref, tmp_path / "layout", cache=False)
+        layout = export.export_layout(buildah, ref, tmp_path / "layout", cache=False)
         assert oci.read_layout(layout.path).config["config"]["Labels"]["x"] == "1"
     finally:
         buildah.remove(ref)

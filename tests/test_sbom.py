@@ -1,4 +1,4 @@
-"""imagebuild.sbom: CycloneDX 1.5, checked against the spec's JSON schema; attached to a layout."""
+"""imagebuild.image.sbom: CycloneDX 1.5, checked against the spec's JSON schema; attached to a layout."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import oci, sbom
+from imagebuild.image import oci, sbom
 from imagebuild.lock import LockedPatch, read_lock
 from tests.test_oci import engine_config, export_archive, make_tar, sample_members, saved_archive
 

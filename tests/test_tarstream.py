@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from imagebuild import tarstream
+from imagebuild.image import tarstream
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 _KINDS = {tarfile.REGTYPE: tarstream.REGULAR, tarfile.DIRTYPE: tarstream.DIRECTORY,

@@ -1,4 +1,4 @@
-"""imagebuild.verify on images made here as OCI layouts: merged files, verify against a lock, diff.
+"""imagebuild.image.verify on images made here as OCI layouts: merged files, verify against a lock, diff.
 
 Engine-built images are verified and diffed in test_repro_build.py.
 """
@@ -15,8 +15,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imagebuild import oci, verify
 from imagebuild.bases import BaseIdentity
+from imagebuild.image import oci, verify
+from imagebuild.image.normalize import LayerError
 from imagebuild.lock import Lock, LockedPatch, LockedWheel, write_lock
 from tests.test_oci import _VALID, export_archive, make_tar, member, saved_archive
 
@@ -146,7 +147,7 @@ def test_garbled_layer_streams_are_read_or_refused(data, cut, edits):
     for stream in (data, bytes(garbled)):
         try:
             verify.read_layer_files(io.BytesIO(stream))
-        except oci.LayerError:
+        except LayerError:
             pass
 
 

@@ -2,7 +2,7 @@
 
 buildah runs the same Dockerfile.j2 output as BuildKit: RUN --mount=type=cache, type=bind and
 type=secret all work in 1.28. `--timestamp` sets every file's mtime and the config's dates to the
-epoch, so buildah's own layers are already close to what imagebuild.oci normalizes to. Containers
+epoch, so buildah's own layers are already close to what imagebuild.image.oci normalizes to. Containers
 for `run` are buildah working containers (buildah from / run / rm): no podman needed.
 """
 
@@ -19,9 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping, Sequence
 
-from imagebuild.engine import Engine, ImageInfo, Progress, RunResult, run_streaming
+from imagebuild.common import REPRO_EPOCH
+from imagebuild.engine.contract import Engine, ImageInfo, Progress, RunResult
+from imagebuild.engine.streams import command_stream, run_streaming
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
-from imagebuild.oci import REPRO_EPOCH, command_stream
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 

@@ -14,16 +14,9 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from imagebuild.engine import (
-    Engine,
-    ImageInfo,
-    Progress,
-    RunResult,
-    run_streaming,
-    widen_pipe,
-)
+from imagebuild.engine.contract import Engine, ImageInfo, Progress, RunResult
+from imagebuild.engine.streams import command_stream, run_streaming, widen_pipe
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
-from imagebuild.oci import command_stream
 
 # Debian's docker.io CLI (20.10) runs BuildKit builds itself; newer CLIs need the buildx plugin.
 _CLI_CANDIDATES = ("/usr/bin/docker", "docker")

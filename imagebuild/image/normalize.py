@@ -5,7 +5,7 @@ Each layer is spilled to a temp file, indexed (headers only) and copied in sorte
 its blob: mtimes clamped to the lock's epoch, numeric owners without names, no atime/ctime, xattrs
 kept, hard links pointed at the first path of their group; whiteouts (`.wh.*`) pass through as the
 plain files they are. gzip is written without a name or a time, at a fixed level. No layer is held
-in memory. imagebuild.oci puts the result into an OCI layout.
+in memory. imagebuild.image.oci puts the result into an OCI layout.
 """
 
 from __future__ import annotations

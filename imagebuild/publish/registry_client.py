@@ -16,17 +16,8 @@ import requests
 
 from imagebuild import __version__
 from imagebuild.errors import EXIT_UNAVAILABLE, ImagebuildError
-from imagebuild.registry_auth import (
-    AuthFailed,
-    Challenge,
-    Credentials,
-    RegistryError,
-    find_credentials,
-    login_hint,
-    parse_www_authenticate,
-    read_token,
-    token_request,
-)
+from imagebuild.publish.registry_auth import (AuthFailed, Challenge, Credentials, RegistryError, find_credentials,
+                                              login_hint, parse_www_authenticate, read_token, token_request)
 
 Progress = Callable[[str], None]
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})

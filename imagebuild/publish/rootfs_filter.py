@@ -1,40 +1,26 @@
-"""Publish to Proxmox: an image as an LXC rootfs template (or an OCI archive). The container config
-lines that pass NVIDIA GPUs through are lxc_gpu.py's.
+"""The rootfs filter: an engine's filesystem export made into a template pct accepts, one tar header at a time.
 
-    engine export stream ──filter (owners, /dev, init, env)──▶ zstd -T0 ──▶ .NAME.partial ──rename──▶ NAME
-
-pve-container unpacks a template with `tar xpf --numeric-owner --xattrs --anchored --exclude ./dev/*`
-under a uid shift of 100000 (src/PVE/LXC/Create.pm), picks its setup plugin by /etc/os-release ID and
-starts /sbin/init. docs/proxmox.md says what the template holds and why. Nothing here holds more than
-one file of the image in memory, and the final path appears only when the template is complete.
+Owners are kept numeric and must fit the unprivileged range (0-65535, shifted by 100000 on the
+host), /dev entries go (pct creates them), Docker's placeholder files are dropped, /etc/os-release
+must name an OS pve-container has a plugin for, and the template gets an init that runs the image's
+command with its environment when the image has none (docs/proxmox.md, "Init and environment").
+lxc.py streams an image through it into the compressor.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import posixpath
 import re
 import shlex
-import shutil
-import subprocess
-import tarfile
-import tempfile
-import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
-from imagebuild import tarstream
-from imagebuild.bases import sha256_file
-from imagebuild.engine import widen_pipe
-from imagebuild.errors import EXIT_FAILED, ImagebuildError, ToolMissing
-from imagebuild.files import atomic_output
+from imagebuild.errors import EXIT_FAILED, ImagebuildError
+from imagebuild.image import tarstream
 
-Progress = Callable[[str], None]
 ID_RANGE = 65536  # unprivileged containers map uid/gid 0..65535 to 100000..165535
-BUFFER = 1 << 20
 SMALL_FILE = 1 << 20  # files the filter reads or edits (os-release, bash.bashrc) stay under this
 # /etc/os-release ID -> the file pve-container's plugin for it reads (None: os-release is enough).
 PROXMOX_OS = {"debian": "etc/debian_version", "devuan": "etc/devuan_version",
@@ -43,16 +29,13 @@ PROXMOX_OS = {"debian": "etc/debian_version", "devuan": "etc/devuan_version",
               "almalinux": "etc/redhat-release", "fedora": None, "archlinux": None, "arch": None,
               "gentoo": None, "opensuse": None, "opensuse-leap": None, "opensuse-tumbleweed": None,
               "sles": None, "nixos": None, "openeuler": None, "openEuler": None}
-COMPRESSORS = {"zst": (".tar.zst", ("zstd", "-T0", "-q", "-c")),
-               "gz": (".tar.gz", ("pigz", "-n", "-c")),  # gzip -n -c when pigz is missing
-               "xz": (".tar.xz", ("xz", "-T0", "-q", "-c"))}
 # Files the template gets from imagebuild (docs/proxmox.md, "Init and environment").
 INIT = "sbin/init"
 ENV_SCRIPT = "etc/profile.d/imagebuild.sh"
 COMMAND_FILE = "etc/imagebuild/command"
 BASHRC_HOOK = (b"# imagebuild: the image's environment for interactive shells (pct enter)\n"
                b"[ -r /etc/profile.d/imagebuild.sh ] && . /etc/profile.d/imagebuild.sh\n")
-INIT_SHIM_FILE = Path(__file__).parent / "data" / "lxc-init.sh"  # /sbin/init when the image has none
+INIT_SHIM_FILE = Path(__file__).parent / "lxc-init.sh"  # /sbin/init when the image has none
 _TYPES = {tarstream.REGULAR, tarstream.DIRECTORY, tarstream.SYMLINK, tarstream.HARDLINK, tarstream.FIFO,
           tarstream.CHARDEV, tarstream.BLOCKDEV}
 _DEVICES = {tarstream.CHARDEV, tarstream.BLOCKDEV}
@@ -134,7 +117,7 @@ class TemplateReport:
 
 # ---------------------------------------------------------------- the filter
 
-def _clean(name: str) -> str:
+def clean_name(name: str) -> str:
     """`./etc/x`, `/etc/x`, `etc//x` -> `etc/x`; the root is ''. A `..` that climbs out is refused."""
     parts = []
     for part in name.split("/"):
@@ -215,12 +198,12 @@ def command_file(command: Iterable[str], workdir: str) -> bytes:
 def filter_rootfs(source: BinaryIO, sink: BinaryIO, plan: TemplatePlan = TemplatePlan(),
                   progress: Callable[[int], None] = lambda _: None) -> RootfsSummary:
     """Copy a rootfs tar stream into a Proxmox template tar stream; raise TemplateError if it can't be one."""
-    with _readable():
+    with damaged_as_unreadable():
         return _filter(tarstream.Reader(source), tarstream.Writer(sink), plan, progress)
 
 
 @contextlib.contextmanager
-def _readable() -> Iterator[None]:
+def damaged_as_unreadable() -> Iterator[None]:
     """A damaged tar stream becomes UnreadableRootfs."""
     try:
         yield
@@ -240,7 +223,7 @@ def _filter(reader: tarstream.Reader, out: tarstream.Writer, plan: TemplatePlan,
     written: set[str] = set()
     dropped: set[str] = set()
     for member in reader:
-        name = _clean(member.name)
+        name = clean_name(member.name)
         kind = member.type
         summary.members += 1
         summary.bytes_in += member.size if kind == tarstream.REGULAR else 0
@@ -248,7 +231,7 @@ def _filter(reader: tarstream.Reader, out: tarstream.Writer, plan: TemplatePlan,
         if kind not in _TYPES:
             raise UnreadableRootfs(f"/{name}: tar member type {kind!r} is not a file, folder, "
                                    f"link, device or fifo")
-        target = _clean(member.linkname) if kind == tarstream.HARDLINK else None
+        target = clean_name(member.linkname) if kind == tarstream.HARDLINK else None
         if (name.startswith("dev/") or name == ".dockerenv" or kind in _DEVICES
                 or target in dropped or name in replaced
                 or (plan.init == "shim" and _resolve(name, links, False) == _resolve(INIT, links, False))):
@@ -362,197 +345,3 @@ def _add(out: tarstream.Writer, path: str, data: bytes, links: dict[str, str], w
                              mtime=mtime), data)
     written.add(real)
     return real
-
-
-# ---------------------------------------------------------------- export
-
-def compression_for(path: Path, requested: str | None = None) -> str:
-    """zst, gz or xz, from the name's suffix (pve-container picks tar's option by it) or --compress."""
-    found = next((name for name, (suffix, _) in COMPRESSORS.items() if path.name.endswith(suffix)), None)
-    if found is None:
-        *first, last = (suffix for suffix, _ in COMPRESSORS.values())
-        suffixes = f"{', '.join(first)} or {last}"
-        raise TemplateError(f"{path.name}: a Proxmox template's name ends with {suffixes} "
-                            "(pct picks the decompressor by it)")
-    if requested and requested != found:
-        raise TemplateError(f"{path.name} ends with {COMPRESSORS[found][0]} but --compress {requested} "
-                            "was asked for: make them agree")
-    return found
-
-
-def default_name(image: str, compression: str = "zst", oci: bool = False) -> str:
-    """Proxmox's template naming: `name_version_arch.tar.zst` (imagebuild/cuda-toolchain:13.0 ->
-    imagebuild-cuda-toolchain_13.0_amd64.tar.zst)."""
-    name, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
-    stem = re.sub(r"[^A-Za-z0-9.+-]+", "-", name.replace("/", "-")).strip("-") or "image"
-    return f"{stem}_{tag}_amd64" + (".tar" if oci else COMPRESSORS[compression][0])
-
-
-def compressor_command(compression: str) -> list[str]:
-    command = list(COMPRESSORS[compression][1])
-    if compression == "gz" and shutil.which("pigz") is None:
-        command = ["gzip", "-n", "-c"]
-    if shutil.which(command[0]) is None:
-        package = {"zstd": "zstd", "xz": "xz-utils", "gzip": "gzip"}[command[0]]
-        raise ToolMissing(f"{command[0]} is not installed: `apt-get install -y {package}`")
-    return command
-
-
-def compress_to(path: Path, compression: str, write: Callable[[BinaryIO], object]):
-    """Run write(stdin of the compressor) with the compressor writing path; return write's result."""
-    command = compressor_command(compression)
-    with open(path, "wb") as target, tempfile.TemporaryFile() as errors:
-        # Its own session: Ctrl-C reaches imagebuild, which stops it, rather than both at once.
-        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=target, stderr=errors,
-                                bufsize=BUFFER, start_new_session=True)
-        widen_pipe(proc.stdin)
-        try:
-            result = write(proc.stdin)
-            proc.stdin.close()
-        except BrokenPipeError:
-            proc.wait()
-            errors.seek(0)
-            raise TemplateError(f"{command[0]} stopped (exit {proc.returncode}): "
-                                f"{errors.read().decode('utf-8', 'replace').strip()}") from None
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        if proc.wait() != 0:
-            errors.seek(0)
-            raise TemplateError(f"{command[0]} failed (exit {proc.returncode}): "
-                                f"{errors.read().decode('utf-8', 'replace').strip()}")
-    return result
-
-
-def image_config(engine, image: str) -> ImageConfig:
-    engine.check()
-    client = getattr(engine, "client", None)
-    if client is None:
-        raise ImagebuildError(f"the {engine.name} engine cannot show an image's config yet")
-    import docker.errors
-    try:
-        data = client.api.inspect_image(image)
-    except docker.errors.NotFound:
-        raise TemplateError(f"no image {image!r} in the {engine.name} engine") from None
-    config = data.get("Config") or {}
-    created = re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", data.get("Created") or "")
-    epoch = (int(datetime.fromisoformat(created.group(0)).replace(tzinfo=timezone.utc).timestamp())
-             if created else 0)
-    return ImageConfig(id=data["Id"], env=tuple(config.get("Env") or ()),
-                       command=tuple(config.get("Entrypoint") or ()) + tuple(config.get("Cmd") or ()),
-                       workdir=config.get("WorkingDir") or "", user=config.get("User") or "",
-                       created=epoch)
-
-
-def rootfs_members(stream: BinaryIO) -> Iterator[tuple[str, tarstream.Member]]:
-    """Each entry of a rootfs tar stream as (clean path, header); file contents are skipped."""
-    with _readable():
-        for member in tarstream.Reader(stream):
-            yield _clean(member.name), member
-
-
-def _throttled(progress: Progress, total: int) -> Callable[[int], None]:
-    last = [0.0]
-
-    def report(done: int) -> None:
-        now = time.monotonic()
-        if now - last[0] >= 0.5:
-            last[0] = now
-            share = f" of ~{total / 1e6:.0f} MB" if total else ""
-            progress(f"exported {done / 1e6:.0f} MB{share}")
-    return report
-
-
-def write_template(source: BinaryIO, out: Path, plan: TemplatePlan, compression: str = "zst",
-                   progress: Callable[[int], None] = lambda _: None) -> tuple[RootfsSummary, int, str]:
-    """A rootfs tar stream -> filter -> compressor -> out, atomically; (summary, size, sha256)."""
-    with atomic_output(out) as temp:
-        summary = compress_to(temp, compression,
-                              lambda sink: filter_rootfs(source, sink, plan, progress))
-        size, digest = temp.stat().st_size, sha256_file(temp)
-    return summary, size, digest
-
-
-def export_template(engine, image: str, out: Path, *, compression: str | None = None,
-                    init: str = "auto", command: tuple[str, ...] | None = None,
-                    progress: Progress = lambda _: None) -> TemplateReport:
-    """The image as a Proxmox LXC rootfs template at out (zstd unless its suffix says gz or xz)."""
-    started = time.monotonic()
-    out = Path(out)
-    compression = compression_for(out, compression)
-    compressor_command(compression)  # missing tools fail before the engine is asked for anything
-    config = image_config(engine, image)
-    epoch = int(os.environ.get("SOURCE_DATE_EPOCH") or config.created)
-    plan = TemplatePlan(init=init, command=config.command if command is None else tuple(command),
-                        workdir=config.workdir, env=config.env, epoch=epoch)
-    info = engine.inspect(config.id)
-    progress(f"exporting {image} ({config.id[7:19]}) to {out} ({compression})")
-    with engine.export_rootfs(config.id) as stream:
-        summary, size, digest = write_template(stream, out, plan, compression,
-                                               _throttled(progress, info.size if info else 0))
-    if command is not None and summary.init == "image":
-        summary.warnings.append("--cmd is what imagebuild's shim runs; the image's own /sbin/init "
-                                "ignores it (use --init shim)")
-    if config.user not in ("", "root", "0", "0:0") and summary.init == "shim":
-        summary.warnings.append(f"the image's USER {config.user} is not applied: the shim runs its "
-                                "command as root")
-    return TemplateReport(image, config.id, str(out), "lxc-rootfs", compression, size, digest,
-                          time.monotonic() - started, summary)
-
-
-def export_oci(engine, image: str, out: Path, *, writer: str = "auto",
-               progress: Progress = lambda _: None) -> TemplateReport:
-    """An uncompressed OCI archive (Proxmox 9.1+): imagebuild.oci's layout tarred (writer auto or
-    imagebuild), or skopeo's oci-archive (writer skopeo, or auto without imagebuild.oci)."""
-    started = time.monotonic()
-    out = Path(out)
-    if not out.name.endswith(".tar"):
-        raise TemplateError(f"{out.name}: Proxmox takes an OCI archive only as a .tar")
-    config = image_config(engine, image)
-    export_layout = None
-    if writer != "skopeo":
-        try:
-            from imagebuild.oci import REPRO_EPOCH, export_layout
-        except ImportError:
-            if writer == "imagebuild":
-                raise
-    with atomic_output(out) as temp:
-        if export_layout is not None:
-            tool = "imagebuild.oci"
-            progress(f"writing {image} as an OCI layout (imagebuild.oci), then {out}")
-            with tempfile.TemporaryDirectory(prefix=".oci-", dir=out.parent) as scratch:
-                layout = Path(scratch) / "layout"
-                export_layout(engine, config.id, layout, epoch=REPRO_EPOCH)
-                _tar_folder(layout, temp, REPRO_EPOCH)
-        else:
-            tool = "skopeo"
-            if shutil.which("skopeo") is None:
-                raise ToolMissing("--oci needs skopeo: `apt-get install -y skopeo`")
-            progress(f"skopeo copy docker-daemon:{image} oci-archive:{out}")
-            temp.unlink()
-            proc = subprocess.run(["skopeo", "copy", "--quiet", f"docker-daemon:{image}",
-                                   f"oci-archive:{temp}"], capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise TemplateError(f"skopeo copy failed: {proc.stderr.strip()}")
-        size, digest = temp.stat().st_size, sha256_file(temp)
-    return TemplateReport(image, config.id, str(out), "oci-archive", None, size, digest,
-                          time.monotonic() - started, None, tool)
-
-
-def _tar_folder(folder: Path, path: Path, epoch: int) -> None:
-    """Names as pve-container looks for them (`oci-layout`, `index.json`, `blobs/...`), sorted."""
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        for root, dirs, files in os.walk(folder):
-            dirs.sort()
-            for name in sorted(dirs) + sorted(files):
-                full = Path(root) / name
-                info = tar.gettarinfo(str(full), arcname=str(full.relative_to(folder)))
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                info.mtime = min(int(info.mtime), epoch)
-                if info.isreg():
-                    with open(full, "rb") as handle:
-                        tar.addfile(info, handle)
-                else:
-                    tar.addfile(info)

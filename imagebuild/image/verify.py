@@ -23,8 +23,10 @@ from typing import IO, Callable
 
 from packaging.utils import canonicalize_name
 
-from imagebuild import oci, oci_normalize
 from imagebuild.errors import ImagebuildError
+from imagebuild.image import export
+from imagebuild.image import normalize
+from imagebuild.image import oci
 from imagebuild.lock import Lock, read_lock
 from imagebuild.render import LABEL_PREFIX, site_packages
 
@@ -89,7 +91,7 @@ def read_layer_files(stream: IO[bytes], keep: Callable[[str], bool] = lambda _: 
     try:
         with tarfile.open(fileobj=stream, mode="r|", encoding="utf-8", errors="surrogateescape") as tar:
             for info in tar:
-                path = oci_normalize.clean_path(info.name)
+                path = normalize.clean_path(info.name)
                 folder, base = posixpath.split(path)
                 if base == OPAQUE:
                     layer.opaque.append(folder)
@@ -98,16 +100,16 @@ def read_layer_files(stream: IO[bytes], keep: Callable[[str], bool] = lambda _: 
                     layer.whiteouts.append(posixpath.join(folder, base[len(WHITEOUT):]))
                     continue
                 layer.entries[path] = _entry(tar, info, path, layer, keep)
-    except oci_normalize.LayerError:
+    except normalize.LayerError:
         raise
-    except oci_normalize.TAR_ERRORS as err:
-        raise oci_normalize.LayerError(f"not a readable layer tar: {type(err).__name__}: {err}") from None
+    except normalize.TAR_ERRORS as err:
+        raise normalize.LayerError(f"not a readable layer tar: {type(err).__name__}: {err}") from None
     return layer
 
 
 def _entry(tar: tarfile.TarFile, info: tarfile.TarInfo, path: str, layer: LayerFiles,
            keep: Callable[[str], bool]) -> FileEntry:
-    kind = _KINDS.get(oci_normalize.ENTRY_TYPES.get(info.type, info.type), "other")
+    kind = _KINDS.get(normalize.ENTRY_TYPES.get(info.type, info.type), "other")
     xattrs = tuple(sorted((k[len("SCHILY.xattr."):], v) for k, v in info.pax_headers.items()
                           if k.startswith("SCHILY.xattr.")))
     common = dict(mode=info.mode & 0o7777, uid=info.uid, gid=info.gid, mtime=int(info.mtime),
@@ -123,7 +125,7 @@ def _entry(tar: tarfile.TarFile, info: tarfile.TarInfo, path: str, layer: LayerF
             layer.contents[path] = b"".join(kept)
         return FileEntry("file", size=info.size, sha256=digest.hexdigest(), **common)
     if kind == "hardlink":
-        target = oci_normalize.clean_path(info.linkname)
+        target = normalize.clean_path(info.linkname)
         source = layer.entries.get(target)
         if target in layer.contents:
             layer.contents[path] = layer.contents[target]
@@ -170,8 +172,8 @@ def image_files(engine, ref: str, keep: Callable[[str], bool] = lambda _: False)
     if engine.inspect(ref) is None:
         raise ImagebuildError(f"no image {ref!r} in the {engine.name} engine (an OCI layout is "
                               "named oci:DIR)")
-    with oci.saved_image(engine, ref) as stream:
-        saved = oci.read_saved(stream, lambda _, s: read_layer_files(s, keep))
+    with export.saved_image(engine, ref) as stream:
+        saved = export.read_saved(stream, lambda _, s: read_layer_files(s, keep))
     files, contents = merge_layers(saved.layers)
     return ImageFiles(saved.config, files, contents)
 
@@ -421,15 +423,15 @@ def diff_files(a: ImageFiles, b: ImageFiles, *, epoch: int | None = oci.REPRO_EP
                limit: int = 20, names: tuple[str, str] = ("A", "B")) -> DiffReport:
     """Files that differ, in path order (mtimes clamped to epoch unless epoch is None)."""
     differences, total = [], 0
-    for path in sorted(set(a.files) | set(b.files), key=oci_normalize.path_sort_key):
+    for path in sorted(set(a.files) | set(b.files), key=normalize.path_sort_key):
         fields = compare_entries(a.files.get(path), b.files.get(path), epoch)
         if fields:
             total += 1
             if len(differences) < limit:
                 differences.append(Difference("/" + path if path != "." else "/", fields,
                                               a.files.get(path), b.files.get(path)))
-    config_a = oci.normalized_config(a.config, [], 0)["config"]
-    config_b = oci.normalized_config(b.config, [], 0)["config"]
+    config_a = export.normalized_config(a.config, [], 0)["config"]
+    config_b = export.normalized_config(b.config, [], 0)["config"]
     config = sorted(k for k in set(config_a) | set(config_b) if config_a.get(k) != config_b.get(k))
     return DiffReport(names[0], names[1], total, differences, config, epoch is not None)
 

@@ -16,10 +16,11 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from imagebuild.apply_patch import PatchError, check_patch
 from imagebuild.errors import ImagebuildError
-from imagebuild.lock import default_lock_path, read_lock, uv_binary
-from imagebuild.recipe import load_recipe
+from imagebuild.lock.lockfile import default_lock_path, read_lock
+from imagebuild.lock.resolve import uv_binary
+from imagebuild.payload.apply_patch import PatchError, check_patch
+from imagebuild.recipe.model import load_recipe
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""Lock: the recipe resolved with uv for the base's Python and glibc, every wheel pinned by sha256.
+"""The lock file: what a resolved recipe is (every wheel pinned by sha256), read, written and checked for staleness.
 
-The lock also records what it was made from (the recipe's and the template's checksums, the tool
+How a lock is made (uv, for the base's Python and glibc) is resolve.py. The lock also records what it was made from (the recipe's and the template's checksums, the tool
 version, the base's identity, each patch's sha256), so a stale lock is detected before a build.
 The same inputs give a byte-identical lock: no timestamps, sorted keys, sorted packages.
 """
@@ -9,28 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
-import tempfile
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from imagebuild import __version__
+from imagebuild import payload
 from imagebuild.bases import BaseIdentity
-from imagebuild.errors import LockError, ResolveFailed, StaleLock, ToolMissing
-from imagebuild.files import write_atomic
-from imagebuild.layers import LAYER_ORDER, LayerPlan
-from imagebuild.recipe import Recipe
+from imagebuild.common import write_atomic
+from imagebuild.errors import LockError, StaleLock
+from imagebuild.recipe.layers import LAYER_ORDER
+from imagebuild.recipe.model import Recipe
 
 LOCK_VERSION = 1
-# uv's marker trick for "leave this distribution out of the resolve": no platform matches it.
-_NEVER = "sys_platform == 'imagebuild-excluded'"
 
 
 @dataclass(frozen=True)
@@ -107,7 +99,7 @@ def sha256_bytes(data: bytes) -> str:
 
 def template_path() -> Path:
     """Dockerfile.j2: at the repository root in a checkout, inside the package in a wheel."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the imagebuild package
     for candidate in (here / "Dockerfile.j2", here.parent / "Dockerfile.j2"):
         if candidate.is_file():
             return candidate
@@ -121,14 +113,7 @@ def template_sha256() -> str:
 def payload_sha256() -> str:
     """imagebuild's own code that goes into or runs inside an image besides the wheels (the probe
     zipapp, the patcher, the pruner): a change to it changes the image a lock builds."""
-    from imagebuild.probe import bundle
-    here = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for name, data in (("probe.pyz", bundle.zipapp_bytes()),
-                       ("apply_patch.py", (here / "apply_patch.py").read_bytes()),
-                       ("prune.py", (here / "prune.py").read_bytes())):
-        digest.update(f"{name}\0{len(data)}\0".encode() + data)
-    return digest.hexdigest()
+    return payload.checksum()
 
 
 def recipe_sha256(recipe: Recipe) -> str:
@@ -138,172 +123,6 @@ def recipe_sha256(recipe: Recipe) -> str:
 def default_lock_path(recipe: Recipe) -> Path:
     """recipes/NAME.toml -> lockfiles/NAME.lock, beside the recipes folder."""
     return recipe.path.parent.parent / "lockfiles" / f"{recipe.stem}.lock"
-
-
-# ---------------------------------------------------------------- resolve
-
-def uv_binary() -> str:
-    """uv from the same environment as imagebuild (a dependency), else PATH."""
-    candidate = Path(sys.executable).parent / "uv"
-    if candidate.is_file():
-        return str(candidate)
-    try:
-        from uv import find_uv_bin
-        return find_uv_bin()
-    except Exception:  # the uv package is absent or has no binary: look on PATH
-        pass
-    from shutil import which
-    found = which("uv")
-    if not found:
-        raise ToolMissing("uv is not installed: `pip install uv` (imagebuild resolves with it).")
-    return found
-
-
-def uv_version(uv: str) -> str:
-    """`uv 0.13.9`: from the installed uv package when that is the binary in use (no extra process)."""
-    if Path(uv).parent == Path(sys.executable).parent:
-        try:
-            from importlib.metadata import version
-            return f"uv {version('uv')}"
-        except Exception:  # not installed as a package here: ask the binary
-            pass
-    out = subprocess.run([uv, "--version"], capture_output=True, text=True, check=False)
-    return " ".join(out.stdout.split()[:2]) or "uv (unknown version)"
-
-
-def compile_command(recipe: Recipe, base: BaseIdentity, workdir: Path, uv: str) -> list[str]:
-    """The `uv pip compile` call: the base's Python and glibc, never the host's."""
-    (workdir / "requirements.in").write_text("\n".join(recipe.python.requirements) + "\n")
-    (workdir / "constraints.txt").write_text("\n".join(recipe.python.constraints) + "\n")
-    (workdir / "overrides.txt").write_text(
-        "".join(f"{name} ; {_NEVER}\n" for name in recipe.python.exclude))
-    command = [uv, "pip", "compile", "requirements.in", "-c", "constraints.txt",
-               "--overrides", "overrides.txt", "--python-version", base.python,
-               "--python-platform", base.uv_platform, "--format", "pylock.toml",
-               "-o", "pylock.toml", "--no-header", "--quiet", "--no-config"]
-    for url in recipe.python.extra_index_urls:
-        command += ["--extra-index-url", url]
-    if recipe.python.exclude_newer:
-        command += ["--exclude-newer", recipe.python.exclude_newer]
-    return command
-
-
-_LEGACY_MANYLINUX = {"2_5": "manylinux1", "2_12": "manylinux2010", "2_17": "manylinux2014"}
-
-
-def target_tags(python: str, glibc: str, arch: str) -> list[Tag]:
-    """Wheel tags the base's interpreter accepts, best first (what pip or uv inside it would pick)."""
-    machine = {"amd64": "x86_64", "arm64": "aarch64"}[arch]
-    major, minor = (int(x) for x in glibc.split(".")[:2])
-    platforms = []
-    for glibc_minor in range(minor, 4, -1) if major == 2 else ():
-        platforms.append(f"manylinux_2_{glibc_minor}_{machine}")
-        if legacy := _LEGACY_MANYLINUX.get(f"2_{glibc_minor}"):
-            platforms.append(f"{legacy}_{machine}")
-    platforms.append(f"linux_{machine}")
-    version = tuple(int(x) for x in python.split(".")[:2])
-    return [*cpython_tags(version, platforms=platforms),
-            *compatible_tags(version, f"cp{version[0]}{version[1]}", platforms)]
-
-
-def _wheel_filename(wheel: dict) -> str:
-    return str(wheel.get("name") or str(wheel.get("url", "")).rsplit("/", 1)[-1])
-
-
-def _best_wheel(files: list, ranking: dict[Tag, int]) -> dict | None:
-    """uv lists every wheel that fits the target; keep the one an installer in the image prefers."""
-    best, best_rank = None, len(ranking)
-    for wheel in files:
-        try:
-            _, _, _, wheel_tags = parse_wheel_filename(_wheel_filename(wheel))
-        except Exception:  # packaging raises several types for bad file names
-            continue
-        rank = min((ranking.get(tag, len(ranking)) for tag in wheel_tags), default=len(ranking))
-        if rank < best_rank:
-            best, best_rank = wheel, rank
-    return best
-
-
-def parse_pylock(text: str, plan: LayerPlan, source: str = "pylock.toml",
-                 tags: list[Tag] | None = None) -> tuple[LockedWheel, ...]:
-    """Read uv's PEP 751 output: one wheel per package for the target. Sdist-only packages are refused."""
-    ranking = {tag: index for index, tag in reversed(list(enumerate(tags or [])))}
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ResolveFailed(f"{source}: the resolver wrote unreadable TOML: {err}") from None
-    wheels = []
-    for entry in data.get("packages", []):
-        name = canonicalize_name(str(entry.get("name", "")))
-        version = str(entry.get("version", ""))
-        files = entry.get("wheels") or []
-        if not files:
-            raise ResolveFailed(
-                f"{name} {version} has no wheel for this target (only a source distribution): "
-                "imagebuild never compiles packages during a build. Pin a version that ships a wheel, "
-                f"or leave it out with [python].exclude = [\"{name}\"].")
-        wheel = _best_wheel(files, ranking) if ranking else files[0]
-        if wheel is None:
-            raise ResolveFailed(f"{name} {version}: none of its wheels installs on the target")
-        filename = _wheel_filename(wheel)
-        sha = (wheel.get("hashes") or {}).get("sha256")
-        if not sha:
-            raise ResolveFailed(f"{name} {version}: the index gave no sha256 for {filename}")
-        wheels.append(LockedWheel(name=name, version=version, filename=filename, sha256=sha,
-                                  size=int(wheel.get("size") or 0), layer=plan.layer_of(name)))
-    return tuple(sorted(wheels, key=lambda w: (LAYER_ORDER.index(w.layer), w.name)))
-
-
-def resolve_wheels(recipe: Recipe, base: BaseIdentity) -> tuple[tuple[LockedWheel, ...], str]:
-    uv = uv_binary()
-    with tempfile.TemporaryDirectory(prefix="imagebuild-resolve-") as tmp:
-        workdir = Path(tmp)
-        command = compile_command(recipe, base, workdir, uv)
-        proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True, check=False,
-                              env={**os.environ, "UV_NO_PROGRESS": "1"})
-        if proc.returncode != 0:
-            raise ResolveFailed(f"{recipe.path}: uv could not resolve [python] for Python {base.python} "
-                                f"on {base.uv_platform}:\n{proc.stderr.strip()}")
-        text = (workdir / "pylock.toml").read_text()
-    tags = target_tags(base.python, base.glibc, base.arch)
-    return parse_pylock(text, LayerPlan.for_recipe(recipe), tags=tags), uv_version(uv)
-
-
-def lock_patches(recipe: Recipe, packages: dict[str, str]) -> tuple[LockedPatch, ...]:
-    locked = []
-    for index, patch in enumerate(recipe.patches):
-        if patch.package not in packages:
-            raise LockError(f"{recipe.path}: [[patches]] #{index + 1} patches {patch.package}, which the "
-                            "resolve does not contain: add it to [python].requirements or drop the patch")
-        locked.append(LockedPatch(package=patch.package, file=f"{index + 1:02d}-{patch.path.name}",
-                                  sha256=sha256_bytes(patch.path.read_bytes()), strip=patch.strip,
-                                  version=packages[patch.package]))
-    return tuple(locked)
-
-
-def check_prune_targets(recipe: Recipe, packages: dict[str, str]) -> None:
-    for index, entry in enumerate(recipe.prune):
-        if entry.package not in packages:
-            raise LockError(f"{recipe.path}: [[prune]] #{index + 1} prunes {entry.package}, which the resolve "
-                            "does not contain: drop the entry, or fix its package name")
-
-
-def cuda_summary(recipe: Recipe) -> dict:
-    if recipe.cuda is None:
-        return {}
-    return {"toolkit": str(recipe.cuda.toolkit), "archs": [a.sm for a in recipe.cuda.archs],
-            "min_driver": recipe.cuda.min_driver}
-
-
-def resolve_lock(recipe: Recipe, base: BaseIdentity) -> Lock:
-    wheels, resolver = resolve_wheels(recipe, base)
-    packages = {w.name: w.version for w in wheels}
-    check_prune_targets(recipe, packages)
-    return Lock(recipe=recipe.stem, recipe_sha256=recipe_sha256(recipe), tool_version=__version__,
-                template_sha256=template_sha256(), payload_sha256=payload_sha256(), base=base,
-                python_platform=base.uv_platform,
-                resolver=resolver, wheels=wheels, patches=lock_patches(recipe, packages),
-                cuda=cuda_summary(recipe))
 
 
 # ---------------------------------------------------------------- read, write, freshness

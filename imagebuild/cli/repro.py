@@ -11,9 +11,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from imagebuild import oci, sbom, verify
 from imagebuild.engine import default_engine
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, ImagebuildError
+from imagebuild.image import export, oci, sbom, verify
 from imagebuild.lock import Lock, parse_lock, read_lock
 
 ENGINES = ("docker", "buildah")
@@ -86,7 +86,7 @@ def sbom_path_for(layout: Path) -> Path:
 def export_command(args, out: Console, err: Console) -> int:
     engine = default_engine(args.engine)
     with err.status(f"exporting {args.image}"):
-        result = oci.export_layout(engine, args.image, args.out, ref_name=args.ref_name)
+        result = export.export_layout(engine, args.image, args.out, ref_name=args.ref_name)
     report = result.to_dict()
     if not args.no_sbom:
         layout = oci.read_layout(args.out)

@@ -1,4 +1,4 @@
-"""`imagebuild push`: the publish stage's command, a thin layer over imagebuild.registry.push."""
+"""`imagebuild push`: the publish stage's command, a thin layer over imagebuild.publish.registry.push."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 from rich.console import Console
 
 from imagebuild.errors import EXIT_OK, ImagebuildError
-from imagebuild.registry import DEFAULT_CHUNK, export_engine_image, push
+from imagebuild.publish.push_source import export_engine_image
+from imagebuild.publish.registry import DEFAULT_CHUNK, push
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 

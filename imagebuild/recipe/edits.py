@@ -11,7 +11,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from imagebuild.recipe_toml import Key, RecipeReader, show, toml_kind
+from imagebuild.recipe.reader import Key, RecipeReader, show, toml_kind
 
 _PATCH_KEYS = ("package", "file", "strip")
 _PRUNE_KEYS = ("package", "remove", "strip_debug", "reason")

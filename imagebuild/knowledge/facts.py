@@ -1,6 +1,6 @@
-"""Facts: the CUDA, driver, GPU-target, torch, Debian and glibc table in data/compat.toml, with sources.
+"""Facts: the CUDA, driver, GPU-target, torch, Debian and glibc table in compat.toml beside it, with sources.
 
-Loaded once, validated (every entry needs a source), and looked up by the rules in compat.py.
+Loaded once, validated (every entry needs a source), and looked up by the rules in imagebuild/compat.py and by doctor.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from imagebuild.cuda import Arch, CudaVersion, parse_driver
 from imagebuild.errors import ImagebuildError
+from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
 
-DATA_FILE = Path(__file__).parent / "data" / "compat.toml"
+DATA_FILE = Path(__file__).parent / "compat.toml"
 BASES = ("verified", "general")  # FACTS.md's [V] and [G]
 _NOT_CUDA = re.compile(r"^(cpu|rocm.*|xpu.*)$")  # local tags of torch builds without CUDA
 

@@ -2,7 +2,7 @@
 
 Every problem becomes one RecipeError naming the file, the key path, the line, and the fix.
 The types come first, then `load_recipe` / `parse_recipe`, then one checker per table; the tables
-that change installed distributions ([[patches]], [[prune]]) are recipe_edits.py's.
+that change installed distributions ([[patches]], [[prune]]) are edits.py's.
 docs/recipes.md documents the format.
 """
 
@@ -18,10 +18,10 @@ from urllib.parse import urlsplit
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from imagebuild.cuda import Arch, CudaVersion, parse_driver
-from imagebuild.layers import LAYER_ORDER
-from imagebuild.recipe_edits import Patch, Prune, distribution_name, parse_patches, parse_prune
-from imagebuild.recipe_toml import Key, RecipeReader, parse_toml, read_source, show, toml_kind
+from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
+from imagebuild.recipe.edits import Patch, Prune, distribution_name, parse_patches, parse_prune
+from imagebuild.recipe.layers import LAYER_ORDER
+from imagebuild.recipe.reader import Key, RecipeReader, parse_toml, read_source, show, toml_kind
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildEr
 
 # Command groups that live beside their stage: each module's add_commands(command) adds subparsers
 # whose defaults carry handler=fn(args, out, err) -> exit code.
-EXTENSIONS: tuple[str, ...] = ("imagebuild.cli_publish", "imagebuild.cli_lxc", "imagebuild.cli_repro",
-                               "imagebuild.cli_doctor")
+EXTENSIONS: tuple[str, ...] = ("imagebuild.cli.publish", "imagebuild.cli.lxc", "imagebuild.cli.repro",
+                               "imagebuild.cli.doctor")
 
 _STEP = re.compile(r"^#\d+ \[[^\]]*\] ")
 
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         return EXIT_OK
 
     if args.command == "patches":
-        from imagebuild.patches import check_patches, parse_pins
+        from imagebuild.lock.patches import check_patches, parse_pins
         with progress.spinning("downloading the releases to check"):
             results = check_patches(args.recipe, versions=parse_pins(args.version), latest=args.latest)
         if args.json:

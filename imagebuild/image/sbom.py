@@ -17,8 +17,9 @@ import uuid
 from pathlib import Path
 from urllib.parse import quote
 
-from imagebuild import __version__, oci
-from imagebuild.files import write_atomic
+from imagebuild import __version__
+from imagebuild.common import write_atomic
+from imagebuild.image import oci
 from imagebuild.lock import Lock
 
 MEDIA_CYCLONEDX = "application/vnd.cyclonedx+json"

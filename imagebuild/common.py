@@ -1,0 +1,61 @@
+"""Small helpers every stage shares; this module imports nothing of imagebuild's.
+
+    BOOTSTRAP_EPOCH, REPRO_EPOCH  the one fixed time bases are bootstrapped with and layers clamped to
+    cache_dir()                   where bases, layer blobs and push state are cached
+    sha256_file()                 a file's sha256, read in chunks
+    atomic_output(), write_atomic()  a file appears whole or not at all (temp file, then rename)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+# Fixed so that two bootstraps of the same mirror state give the same bytes (mmdebstrap honours it);
+# layers written during a build are clamped to the same time (docs/reproducibility.md, "The epoch").
+BOOTSTRAP_EPOCH = 1700000000
+REPRO_EPOCH = BOOTSTRAP_EPOCH
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("IMAGEBUILD_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "imagebuild")
+    return Path(root)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path) -> Iterator[Path]:
+    """A temp file beside path that becomes path only when the block ends without an exception
+    (KeyboardInterrupt included); otherwise it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    temp = Path(temp)
+    try:
+        yield temp
+        with open(temp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """path holds data, or (after a crash or an error) what it held before."""
+    with atomic_output(path) as temp:
+        temp.write_bytes(data)
+    return Path(path)

@@ -1,0 +1,86 @@
+"""The engine contract: what imagebuild needs from a container engine, and nothing more.
+
+An engine builds a context into an untagged image (so a failed build or a failed smoke test never
+leaves a tag), tags it, runs a command in a throwaway container, inspects and removes images, and
+imports a rootfs tar as a base. DockerEngine (engine/docker.py) is the implementation in use;
+BuildahEngine (engine/buildah.py) builds without a daemon. How a build tool's output is streamed
+lives in engine/streams.py. A new engine implements Engine here and joins default_engine()
+in engine/__init__.py.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    id: str  # sha256:...
+    size: int  # bytes, uncompressed
+    labels: dict[str, str] = field(default_factory=dict)
+    diff_ids: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+
+class Engine(abc.ABC):
+    name: str = "engine"
+
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Raise EngineUnavailable, saying how to start the engine, when it does not answer."""
+
+    @abc.abstractmethod
+    def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
+              progress: Progress = lambda _: None) -> str:
+        """Build the context's Dockerfile; return the image id. Never tags. Raises BuildFailed."""
+
+    @abc.abstractmethod
+    def tag(self, image_id: str, ref: str) -> None: ...
+
+    @abc.abstractmethod
+    def run(self, image: str, command: Sequence[str], *, network: bool = False,
+            gpus: bool = False, timeout: float = 600) -> RunResult:
+        """Run command in a fresh container that is removed afterwards."""
+
+    @abc.abstractmethod
+    def inspect(self, ref: str) -> ImageInfo | None:
+        """None when no such image exists."""
+
+    @abc.abstractmethod
+    def remove(self, ref: str) -> None:
+        """Remove an image (by id or reference); a missing image is not an error."""
+
+    @abc.abstractmethod
+    def import_rootfs(self, tar: Path, ref: str, *, arch: str = "amd64") -> str:
+        """Import a rootfs tar as a single-layer image tagged ref; return its id."""
+
+    @contextlib.contextmanager
+    def export_rootfs(self, ref: str) -> Iterator[BinaryIO]:
+        """The image's merged filesystem as one tar stream (never whole in memory)."""
+        from imagebuild.errors import ImagebuildError
+        raise ImagebuildError(f"the {self.name} engine cannot export an image's filesystem")
+        yield  # pragma: no cover
+
+    def save(self, image: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        """The image as a `docker save` archive stream (manifest.json, config, one tar per layer),
+        read once and never held whole: oci, verify and lxc read it."""
+        from imagebuild.errors import ImagebuildError
+        raise ImagebuildError(f"the {self.name} engine cannot stream an image out")
+
+    def image_exists(self, ref: str) -> bool:
+        return self.inspect(ref) is not None

@@ -1,0 +1,190 @@
+"""Resolving a recipe into a Lock: `uv pip compile` for the base's Python and glibc, then one wheel
+per distribution chosen for the target's tags, hashed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from imagebuild import __version__
+from imagebuild.bases import BaseIdentity
+from imagebuild.errors import LockError, ResolveFailed, ToolMissing
+from imagebuild.lock.lockfile import (Lock, LockedPatch, LockedWheel, payload_sha256, recipe_sha256, sha256_bytes,
+                                      template_sha256)
+from imagebuild.recipe.layers import LAYER_ORDER, LayerPlan
+from imagebuild.recipe.model import Recipe
+
+# uv's marker trick for "leave this distribution out of the resolve": no platform matches it.
+_NEVER = "sys_platform == 'imagebuild-excluded'"
+
+
+def uv_binary() -> str:
+    """uv from the same environment as imagebuild (a dependency), else PATH."""
+    candidate = Path(sys.executable).parent / "uv"
+    if candidate.is_file():
+        return str(candidate)
+    try:
+        from uv import find_uv_bin
+        return find_uv_bin()
+    except Exception:  # the uv package is absent or has no binary: look on PATH
+        pass
+    from shutil import which
+    found = which("uv")
+    if not found:
+        raise ToolMissing("uv is not installed: `pip install uv` (imagebuild resolves with it).")
+    return found
+
+
+def uv_version(uv: str) -> str:
+    """`uv 0.13.9`: from the installed uv package when that is the binary in use (no extra process)."""
+    if Path(uv).parent == Path(sys.executable).parent:
+        try:
+            from importlib.metadata import version
+            return f"uv {version('uv')}"
+        except Exception:  # not installed as a package here: ask the binary
+            pass
+    out = subprocess.run([uv, "--version"], capture_output=True, text=True, check=False)
+    return " ".join(out.stdout.split()[:2]) or "uv (unknown version)"
+
+
+def compile_command(recipe: Recipe, base: BaseIdentity, workdir: Path, uv: str) -> list[str]:
+    """The `uv pip compile` call: the base's Python and glibc, never the host's."""
+    (workdir / "requirements.in").write_text("\n".join(recipe.python.requirements) + "\n")
+    (workdir / "constraints.txt").write_text("\n".join(recipe.python.constraints) + "\n")
+    (workdir / "overrides.txt").write_text(
+        "".join(f"{name} ; {_NEVER}\n" for name in recipe.python.exclude))
+    command = [uv, "pip", "compile", "requirements.in", "-c", "constraints.txt",
+               "--overrides", "overrides.txt", "--python-version", base.python,
+               "--python-platform", base.uv_platform, "--format", "pylock.toml",
+               "-o", "pylock.toml", "--no-header", "--quiet", "--no-config"]
+    for url in recipe.python.extra_index_urls:
+        command += ["--extra-index-url", url]
+    if recipe.python.exclude_newer:
+        command += ["--exclude-newer", recipe.python.exclude_newer]
+    return command
+
+
+_LEGACY_MANYLINUX = {"2_5": "manylinux1", "2_12": "manylinux2010", "2_17": "manylinux2014"}
+
+
+def target_tags(python: str, glibc: str, arch: str) -> list[Tag]:
+    """Wheel tags the base's interpreter accepts, best first (what pip or uv inside it would pick)."""
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}[arch]
+    major, minor = (int(x) for x in glibc.split(".")[:2])
+    platforms = []
+    for glibc_minor in range(minor, 4, -1) if major == 2 else ():
+        platforms.append(f"manylinux_2_{glibc_minor}_{machine}")
+        if legacy := _LEGACY_MANYLINUX.get(f"2_{glibc_minor}"):
+            platforms.append(f"{legacy}_{machine}")
+    platforms.append(f"linux_{machine}")
+    version = tuple(int(x) for x in python.split(".")[:2])
+    return [*cpython_tags(version, platforms=platforms),
+            *compatible_tags(version, f"cp{version[0]}{version[1]}", platforms)]
+
+
+def _wheel_filename(wheel: dict) -> str:
+    return str(wheel.get("name") or str(wheel.get("url", "")).rsplit("/", 1)[-1])
+
+
+def _best_wheel(files: list, ranking: dict[Tag, int]) -> dict | None:
+    """uv lists every wheel that fits the target; keep the one an installer in the image prefers."""
+    best, best_rank = None, len(ranking)
+    for wheel in files:
+        try:
+            _, _, _, wheel_tags = parse_wheel_filename(_wheel_filename(wheel))
+        except Exception:  # packaging raises several types for bad file names
+            continue
+        rank = min((ranking.get(tag, len(ranking)) for tag in wheel_tags), default=len(ranking))
+        if rank < best_rank:
+            best, best_rank = wheel, rank
+    return best
+
+
+def parse_pylock(text: str, plan: LayerPlan, source: str = "pylock.toml",
+                 tags: list[Tag] | None = None) -> tuple[LockedWheel, ...]:
+    """Read uv's PEP 751 output: one wheel per package for the target. Sdist-only packages are refused."""
+    ranking = {tag: index for index, tag in reversed(list(enumerate(tags or [])))}
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ResolveFailed(f"{source}: the resolver wrote unreadable TOML: {err}") from None
+    wheels = []
+    for entry in data.get("packages", []):
+        name = canonicalize_name(str(entry.get("name", "")))
+        version = str(entry.get("version", ""))
+        files = entry.get("wheels") or []
+        if not files:
+            raise ResolveFailed(
+                f"{name} {version} has no wheel for this target (only a source distribution): "
+                "imagebuild never compiles packages during a build. Pin a version that ships a wheel, "
+                f"or leave it out with [python].exclude = [\"{name}\"].")
+        wheel = _best_wheel(files, ranking) if ranking else files[0]
+        if wheel is None:
+            raise ResolveFailed(f"{name} {version}: none of its wheels installs on the target")
+        filename = _wheel_filename(wheel)
+        sha = (wheel.get("hashes") or {}).get("sha256")
+        if not sha:
+            raise ResolveFailed(f"{name} {version}: the index gave no sha256 for {filename}")
+        wheels.append(LockedWheel(name=name, version=version, filename=filename, sha256=sha,
+                                  size=int(wheel.get("size") or 0), layer=plan.layer_of(name)))
+    return tuple(sorted(wheels, key=lambda w: (LAYER_ORDER.index(w.layer), w.name)))
+
+
+def resolve_wheels(recipe: Recipe, base: BaseIdentity) -> tuple[tuple[LockedWheel, ...], str]:
+    uv = uv_binary()
+    with tempfile.TemporaryDirectory(prefix="imagebuild-resolve-") as tmp:
+        workdir = Path(tmp)
+        command = compile_command(recipe, base, workdir, uv)
+        proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True, check=False,
+                              env={**os.environ, "UV_NO_PROGRESS": "1"})
+        if proc.returncode != 0:
+            raise ResolveFailed(f"{recipe.path}: uv could not resolve [python] for Python {base.python} "
+                                f"on {base.uv_platform}:\n{proc.stderr.strip()}")
+        text = (workdir / "pylock.toml").read_text()
+    tags = target_tags(base.python, base.glibc, base.arch)
+    return parse_pylock(text, LayerPlan.for_recipe(recipe), tags=tags), uv_version(uv)
+
+
+def lock_patches(recipe: Recipe, packages: dict[str, str]) -> tuple[LockedPatch, ...]:
+    locked = []
+    for index, patch in enumerate(recipe.patches):
+        if patch.package not in packages:
+            raise LockError(f"{recipe.path}: [[patches]] #{index + 1} patches {patch.package}, which the "
+                            "resolve does not contain: add it to [python].requirements or drop the patch")
+        locked.append(LockedPatch(package=patch.package, file=f"{index + 1:02d}-{patch.path.name}",
+                                  sha256=sha256_bytes(patch.path.read_bytes()), strip=patch.strip,
+                                  version=packages[patch.package]))
+    return tuple(locked)
+
+
+def check_prune_targets(recipe: Recipe, packages: dict[str, str]) -> None:
+    for index, entry in enumerate(recipe.prune):
+        if entry.package not in packages:
+            raise LockError(f"{recipe.path}: [[prune]] #{index + 1} prunes {entry.package}, which the resolve "
+                            "does not contain: drop the entry, or fix its package name")
+
+
+def cuda_summary(recipe: Recipe) -> dict:
+    if recipe.cuda is None:
+        return {}
+    return {"toolkit": str(recipe.cuda.toolkit), "archs": [a.sm for a in recipe.cuda.archs],
+            "min_driver": recipe.cuda.min_driver}
+
+
+def resolve_lock(recipe: Recipe, base: BaseIdentity) -> Lock:
+    wheels, resolver = resolve_wheels(recipe, base)
+    packages = {w.name: w.version for w in wheels}
+    check_prune_targets(recipe, packages)
+    return Lock(recipe=recipe.stem, recipe_sha256=recipe_sha256(recipe), tool_version=__version__,
+                template_sha256=template_sha256(), payload_sha256=payload_sha256(), base=base,
+                python_platform=base.uv_platform,
+                resolver=resolver, wheels=wheels, patches=lock_patches(recipe, packages),
+                cuda=cuda_summary(recipe))

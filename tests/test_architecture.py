@@ -1,0 +1,252 @@
+"""The package's two boundaries and its one-way imports, read from the source (docs/architecture.md).
+
+- payload/ (copied into images, run on the image's own Python) imports only the standard library
+  and itself;
+- each stage imports only the stages below it (ALLOWED); nothing outside cli/ imports cli/;
+- no import cycle between modules, nor between stages.
+
+Every import counts, those inside functions included: a lazy import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "imagebuild"
+
+# Stage -> the stages it may import ("" is imagebuild/__init__.py: the version). errors and common
+# are the low modules every stage may use; they import nothing of ours.
+LOW = {"", "errors", "common"}
+ALLOWED = {
+    "errors": set(),
+    "common": set(),
+    "payload": set(),
+    "knowledge": LOW,
+    "recipe": LOW | {"knowledge"},
+    "compat": LOW | {"knowledge", "recipe"},
+    "engine": LOW,
+    "bases": LOW | {"engine", "recipe"},
+    "lock": LOW | {"bases", "knowledge", "payload", "recipe"},
+    "render": LOW | {"lock", "payload", "recipe"},
+    "image": LOW | {"engine", "lock", "render"},
+    "publish": LOW | {"engine", "image"},
+    "pipeline": LOW | {"bases", "compat", "engine", "lock", "payload", "recipe", "render"},
+    "doctor": LOW | {"compat", "engine", "knowledge", "payload"},
+    "cli": LOW | {"bases", "compat", "doctor", "engine", "image", "knowledge", "lock", "pipeline", "payload",
+                  "publish", "recipe", "render"},
+}
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[str, int]]:
+    """(absolute module imported, line) for every import statement in the file, relative ones resolved.
+    `from X import name` counts as X.name when that is a module of ours, else as X."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    here = module_name(path, root)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+                if node.level - 1 > len(package.split(".")) - 1:
+                    base = ["<outside>"]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                candidate = f"{module}.{alias.name}"
+                found.append((candidate if is_our_module(candidate, root) else module, node.lineno))
+    return found
+
+
+def is_our_module(name: str, root: Path = PACKAGE) -> bool:
+    if not name.startswith(root.name + ".") and name != root.name:
+        return False
+    relative = Path(*name.split(".")[1:]) if "." in name else Path()
+    return (root / relative).with_suffix(".py").is_file() or (root / relative / "__init__.py").is_file()
+
+
+def sources(root: Path = PACKAGE) -> list[Path]:
+    return sorted(root.rglob("*.py"))
+
+
+def stage_of(module: str) -> str:
+    """imagebuild.lock.resolve -> lock; imagebuild.pipeline -> pipeline; imagebuild -> ''.
+    `python -m imagebuild` (__main__) is the command line's entry."""
+    parts = module.split(".")
+    stage = parts[1] if len(parts) > 1 else ""
+    return "cli" if stage == "__main__" else stage
+
+
+def payload_violations(root: Path = PACKAGE) -> list[str]:
+    """Imports in root/payload that are neither the standard library nor the payload itself."""
+    bad = []
+    for path in sources(root / "payload"):
+        for module, line in imports_of(path, root):
+            top = module.split(".")[0]
+            inside = module == f"{root.name}.payload" or module.startswith(f"{root.name}.payload.")
+            sibling = (path.parent / f"{module}.py").is_file()  # prune.py loads apply_patch.py beside it
+            if inside or sibling or (top != root.name and top in sys.stdlib_module_names):
+                continue
+            bad.append(f"{path.relative_to(root.parent)}:{line} imports {module}")
+    return bad
+
+
+def stage_violations(root: Path = PACKAGE, allowed: dict = ALLOWED) -> list[str]:
+    bad = []
+    for path in sources(root):
+        stage = stage_of(module_name(path, root))
+        for module, line in imports_of(path, root):
+            if not (module == root.name or module.startswith(root.name + ".")):
+                continue
+            target = stage_of(module)
+            if target == stage or target in allowed.get(stage, set()):
+                continue
+            bad.append(f"{path.relative_to(root.parent)}:{line}: {stage or root.name} imports {module}")
+    return bad
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one member (Tarjan's algorithm)."""
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], [0]
+
+    def visit(node):
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def module_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (a package's __init__ is a module too)."""
+    graph = {}
+    for path in sources(root):
+        name = module_name(path, root)
+        graph[name] = {m for m, _ in imports_of(path, root) if is_our_module(m, root) and m != name}
+    return graph
+
+
+def stage_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, targets in module_graph(root).items():
+        stage = stage_of(module)
+        graph.setdefault(stage, set()).update(stage_of(t) for t in targets if stage_of(t) != stage)
+    return graph
+
+
+# ---------------------------------------------------------------- the package as it is
+
+def test_payload_imports_only_the_standard_library_and_itself():
+    assert payload_violations() == []
+
+
+def test_each_stage_imports_only_the_stages_below_it():
+    assert stage_violations() == []
+
+
+def test_every_stage_is_in_the_table():
+    stages = {stage_of(module_name(path)) for path in sources()} - {""}
+    assert stages == set(ALLOWED), "a new top-level module or package needs its row in ALLOWED"
+
+
+def test_nothing_outside_cli_imports_cli():
+    importers = {stage for stage, targets in stage_graph().items() if "cli" in targets}
+    assert importers == set()
+
+
+def test_recipe_and_knowledge_import_no_engine_registry_or_cli_code():
+    graph = stage_graph()
+    for stage in ("recipe", "knowledge", "compat"):
+        assert not graph.get(stage, set()) & {"engine", "publish", "image", "cli", "pipeline"}, stage
+
+
+def test_no_import_cycle_between_modules():
+    assert cycles(module_graph()) == []
+
+
+def test_no_import_cycle_between_stages():
+    assert cycles(stage_graph()) == []
+
+
+# ---------------------------------------------------------------- the checks catch what they should
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "imagebuild"
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for folder in {p.parent for p in root.rglob("*.py")} | {root}:
+        (folder / "__init__.py").touch()
+    return root
+
+
+@pytest.mark.parametrize("line, reason", [
+    ("import requests", "a third-party package"),
+    ("from imagebuild.errors import ImagebuildError", "host code"),
+    ("from ...errors import ImagebuildError", "a relative import that climbs out of payload"),
+    ("import imagebuild.lock", "host code, plain import"),
+    ("import report_helpers", "a top-level module that is not a sibling file"),
+])
+def test_a_payload_import_from_outside_is_reported(tmp_path, line, reason):
+    root = _tree(tmp_path, {"errors.py": "", "lock.py": "",
+                            "payload/probe/check.py": f"import os\nfrom .report import x\n{line}\n",
+                            "payload/probe/report.py": "x = 1\n"})
+    assert [v.split(" imports ")[0] for v in payload_violations(root)] == ["imagebuild/payload/probe/check.py:3"], reason
+
+
+def test_payload_stdlib_and_own_imports_pass(tmp_path):
+    root = _tree(tmp_path, {"payload/probe/check.py": "import os, json\nfrom .report import x\n"
+                                                      "from imagebuild.payload.probe import report\n",
+                            "payload/probe/report.py": "x = 1\n"})
+    assert payload_violations(root) == []
+
+
+def test_a_stage_importing_above_itself_is_reported(tmp_path):
+    root = _tree(tmp_path, {"recipe/model.py": "def f():\n    from imagebuild.engine import docker\n",
+                            "engine/docker.py": ""})
+    assert stage_violations(root, {"recipe": set(), "engine": set()}) == [
+        "imagebuild/recipe/model.py:2: recipe imports imagebuild.engine.docker"]
+
+
+def test_a_cycle_through_a_lazy_import_is_found(tmp_path):
+    root = _tree(tmp_path, {"bases.py": "from imagebuild.engine import run\n",
+                            "engine/__init__.py": "def run():\n    from imagebuild.image import oci\n",
+                            "image/oci.py": "from imagebuild.bases import x\n"})
+    assert cycles(module_graph(root)) == [["imagebuild.bases", "imagebuild.engine", "imagebuild.image.oci"]]
+    assert cycles(stage_graph(root)) == [["bases", "engine", "image"]]
