@@ -19,7 +19,7 @@ from imagebuild.payload.probe import bundle
 from imagebuild.recipe.layers import LayerPlan
 from imagebuild.recipe.model import CudaSpec, DebianBase, Patch, Prune, PythonSpec, Recipe
 from imagebuild.render import docker_quote, render_context, render_dockerfile, render_values
-from tests.test_lock import FIXTURES, _lock
+from tests.lock.test_lock import FIXTURES, _lock
 
 GOLDEN = Path(__file__).parent / "golden"
 PLAN = LayerPlan(overrides={}, application=frozenset({"sgl-deep-gemm"}))

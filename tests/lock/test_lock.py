@@ -19,7 +19,7 @@ from imagebuild.lock import (Lock, LockedWheel, ensure_fresh, parse_lock, parse_
 from imagebuild.recipe.layers import LayerPlan
 from imagebuild.recipe.model import load_recipe
 
-FIXTURES = Path(__file__).parent / "fixtures" / "locks"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "locks"
 BOOKWORM = BaseIdentity(kind="debian", suite="bookworm", arch="amd64", python="3.11", glibc="2.36",
                         rootfs_sha256="e" * 64, packages={"libc6": "2.36-9+deb12u14",
                                                           "python3": "3.11.2-1+b1"})

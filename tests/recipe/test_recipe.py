@@ -18,7 +18,7 @@ from imagebuild.knowledge.cuda import Arch, CudaVersion
 from imagebuild.recipe.model import DebianBase, ImageBase, Patch, Recipe, load_recipe, parse_recipe
 from imagebuild.recipe.reader import dotted, locate
 
-FIXTURES = Path(__file__).parent / "fixtures" / "recipes"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "recipes"
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 
 # A valid recipe the error cases below each break in one place.

@@ -25,7 +25,7 @@ from imagebuild.errors import ToolMissing
 from imagebuild.pipeline import PROBE_COMMAND
 from imagebuild.publish import lxc, lxc_gpu, rootfs_filter
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOOLCHAIN_RECIPE = ROOT / "recipes" / "cuda-toolchain.toml"
 TOOLCHAIN_IMAGE = "imagebuild/cuda-toolchain:13.0"
 PROBE = " ".join(PROBE_COMMAND)  # the smoke test's own command

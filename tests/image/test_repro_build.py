@@ -28,7 +28,7 @@ from imagebuild.recipe.model import load_recipe
 from imagebuild.render import render_context, site_packages
 
 pytestmark = pytest.mark.engine
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "cuda-toolchain.toml"
 LOCK = ROOT / "lockfiles" / "cuda-toolchain.lock"
 REPO = f"imagebuild-test/repro-{os.getpid()}"

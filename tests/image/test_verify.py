@@ -19,7 +19,7 @@ from imagebuild.bases import BaseIdentity
 from imagebuild.image import oci, verify
 from imagebuild.image.normalize import LayerError
 from imagebuild.lock import Lock, LockedPatch, LockedWheel, write_lock
-from tests.test_oci import _VALID, export_archive, make_tar, member, saved_archive
+from tests.image.test_oci import _VALID, export_archive, make_tar, member, saved_archive
 
 SITE = "opt/venv/lib/python3.11/site-packages"
 PATCH_SHA = "c" * 64

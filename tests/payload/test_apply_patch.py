@@ -23,8 +23,8 @@ from imagebuild.payload import apply_patch
 from imagebuild.payload.apply_patch import PatchError, apply_to_text, check_patch, parse_patch
 
 SCRIPT = Path(apply_patch.__file__)
-FIXTURES = Path(__file__).parent / "fixtures" / "patches"
-REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "patches"
+REPO = Path(__file__).resolve().parents[2]
 FLASHINFER_PATCH = REPO / "recipes" / "patches" / "flashinfer-cuda-version.patch"
 FLASHINFER_WHEEL = "flashinfer_python-0.7.2-py3-none-any.whl"
 FLASHINFER_WHEEL_SHA256 = "770550a0aa92b2f10e6c9a1f048dd43713f0f3bb6a12710186fcf8e4e9c99bd8"

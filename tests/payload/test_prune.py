@@ -20,9 +20,9 @@ from imagebuild.errors import RecipeError
 from imagebuild.payload import prune
 from imagebuild.payload.probe import waste
 from imagebuild.recipe.model import parse_recipe
-from tests.test_apply_patch import install, record_hash
+from tests.payload.test_apply_patch import install, record_hash
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("strip") is None,
                                reason="gcc and binutils make the ELF files")
 

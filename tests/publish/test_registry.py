@@ -26,13 +26,13 @@ from imagebuild.publish.registry_auth import (AuthFailed, Challenge, Credentials
                                               read_token, registry_key)
 from imagebuild.publish.registry_client import RegistryUnreachable
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
 import registry_server
 from registry_server import Proxy, TokenService, make_tls, start_registry
 
 from imagebuild.publish import push_source
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 USERS = {"ci": "right-password"}
 

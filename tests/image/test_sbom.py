@@ -11,9 +11,9 @@ import pytest
 
 from imagebuild.image import oci, sbom
 from imagebuild.lock import LockedPatch, read_lock
-from tests.test_oci import engine_config, export_archive, make_tar, sample_members, saved_archive
+from tests.image.test_oci import engine_config, export_archive, make_tar, sample_members, saved_archive
 
-LOCK = Path(__file__).resolve().parent.parent / "lockfiles" / "cuda-toolchain.lock"
+LOCK = Path(__file__).resolve().parents[2] / "lockfiles" / "cuda-toolchain.lock"
 validation = pytest.importorskip("cyclonedx.validation.json",
                                  reason="needs cyclonedx-python-lib[json-validation] (test dependency)")
 from cyclonedx.schema import SchemaVersion  # noqa: E402
