@@ -34,9 +34,15 @@ class Finding:
     evidence: str  # the values that triggered it
     fix: str  # the exact change: a recipe key, a pin, an env var
     source: str  # the fact's source from compat.toml
+    key: str | None = None  # the recipe key it is about ("cuda.min_driver"), when one is
+    where: str | None = None  # "recipes/x.toml:16": the file and line of that key, once located
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        return {name: value for name, value in data.items() if value is not None or name not in ("key", "where")}
+
+    def at(self, key: str) -> "Finding":
+        return dataclasses.replace(self, key=key)
 
 
 
@@ -253,26 +259,31 @@ def check_recipe(recipe: Recipe, glibc: str | None = None) -> list[Finding]:
     if recipe.cuda is None:
         return []
     toolkit = recipe.cuda.toolkit
-    findings = check_driver(toolkit, recipe.cuda.min_driver) + check_archs(toolkit, recipe.cuda.archs)
+    findings = [f.at("cuda.min_driver") for f in check_driver(toolkit, recipe.cuda.min_driver)]
+    findings += [f.at("cuda.archs") for f in check_archs(toolkit, recipe.cuda.archs)]
     glibc = glibc or _base_glibc(recipe)
-    if glibc:
-        findings += check_glibc(glibc, toolkit)  # the nvcc installed is the toolkit's
+    if glibc:  # the nvcc installed is the toolkit's
+        findings += [f.at(_base_key(recipe)) for f in check_glibc(glibc, toolkit)]
     for pin in _torch_pins(recipe.python):
-        findings += check_torch(pin, toolkit)
+        findings += [f.at("python.requirements") for f in check_torch(pin, toolkit)]
     return findings
+
+
+def _base_key(recipe: Recipe) -> str:
+    return "base.glibc" if isinstance(recipe.base, ImageBase) else "base.debian"
 
 
 def check_resolved(recipe: Recipe, packages: Mapping[str, str], glibc: str | None = None) -> list[Finding]:
     """On the lock: toolchain skew, torch, and glibc against the nvcc that was actually resolved."""
     if recipe.cuda is None:
         return []
-    findings = check_toolchain(packages, recipe.cuda.toolkit)
+    findings = [f.at("python.constraints") for f in check_toolchain(packages, recipe.cuda.toolkit)]
     glibc = glibc or _base_glibc(recipe)
     locked = {canonicalize_name(str(name)): str(version) for name, version in packages.items()}
     carriers = [_release_cuda(locked[n]) for n in load_facts().glibc_nvcc.carried_by if n in locked]
     nvcc = min((c for c in carriers if c), default=None)
     if glibc and nvcc:
-        findings += check_glibc(glibc, nvcc)
+        findings += [f.at(_base_key(recipe)) for f in check_glibc(glibc, nvcc)]
     return findings
 
 

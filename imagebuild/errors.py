@@ -14,6 +14,10 @@ class ImagebuildError(Exception):
 
     exit_code = EXIT_BAD_INPUT
 
+    def details(self) -> dict:
+        """What --json adds to the error object besides the type and the message."""
+        return {}
+
 
 class RecipeError(ImagebuildError):
     """A recipe that cannot be used: names the file, the key or line, and the fix."""
@@ -33,6 +37,10 @@ class RecipeError(ImagebuildError):
         if hint:
             text += f"\n  hint: {hint}"
         super().__init__(text)
+
+    def details(self) -> dict:
+        return {"path": self.path, "key": self.key, "line": self.line, "column": self.column,
+                "reason": self.reason, "hint": self.hint}
 
 
 class LockError(ImagebuildError):
@@ -71,7 +79,16 @@ class ToolMissing(ImagebuildError):
 
 
 class BuildFailed(ImagebuildError):
+    """A build that stopped; `step` is the failed step (engine/build_log.py) when one did."""
+
     exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, step=None):
+        self.step = step
+        super().__init__(message)
+
+    def details(self) -> dict:
+        return {"step": self.step.to_dict()} if self.step is not None else {}
 
 
 class SmokeFailed(ImagebuildError):

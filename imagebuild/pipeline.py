@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +18,8 @@ from typing import Callable
 from imagebuild import compat
 from imagebuild.bases import ensure_base_image, identify
 from imagebuild.common import cache_dir
-from imagebuild.engine import Engine
-from imagebuild.errors import FindingsFailed, SmokeFailed
+from imagebuild.engine import Engine, ImageInfo
+from imagebuild.errors import BuildFailed, FindingsFailed, RecipeError, SmokeFailed
 from imagebuild.lock import Lock, default_lock_path, ensure_fresh, read_lock, resolve_lock, uv_binary, write_lock
 from imagebuild.recipe.model import DebianBase, Recipe, load_recipe
 
@@ -103,8 +104,51 @@ def base_glibc(recipe: Recipe) -> str:
 
 
 def check(recipe_path: str | Path) -> CheckReport:
+    """The rules knowable before resolving; with a lock beside the recipe, its patches against the
+    locked wheels too."""
     recipe = load_recipe(recipe_path)
-    return CheckReport(str(recipe.path), compat.check_recipe(recipe, base_glibc(recipe)))
+    findings = compat.check_recipe(recipe, base_glibc(recipe))
+    path = default_lock_path(recipe)
+    if recipe.patches and path.is_file():
+        findings += patch_findings(recipe, read_lock(path))
+    return CheckReport(str(recipe.path), located(recipe, findings))
+
+
+def patch_findings(recipe: Recipe, locked: Lock) -> list:
+    """An error finding for each recipe patch that does not apply to the wheel the lock installs,
+    naming the file and hunk (the same words as `imagebuild patches`)."""
+    from imagebuild.lock.patches import check_locked_patches
+    findings = []
+    keys = {str(patch.path): f"patches[{index}].file" for index, patch in enumerate(recipe.patches)}
+    for result in check_locked_patches(recipe, locked):
+        if result.applies:
+            continue
+        findings.append(compat.Finding(
+            "error", "patch-does-not-apply",
+            f"the patch {result.patch} does not apply to {result.package} {result.checked}",
+            "; ".join(result.problems),
+            f"regenerate the patch against {result.package} {result.checked}, or pin the release it was "
+            f"made for (`imagebuild patches {recipe.path} --version {result.package}==VERSION` checks one)",
+            f"the locked wheel of {result.package} {result.checked}", key=keys.get(result.patch)))
+    return findings
+
+
+def located(recipe: Recipe, findings: list) -> list:
+    """Each finding about a recipe key gets that key's file and line (what the human output shows)."""
+    from dataclasses import replace
+
+    from imagebuild.recipe.reader import key_path, locate, read_source
+    try:
+        text = read_source(recipe.path)
+    except RecipeError:
+        return findings
+    out = []
+    for finding in findings:
+        if finding.key and not finding.where:
+            line = locate(text, key_path(finding.key))
+            finding = replace(finding, where=f"{recipe.path}:{line}" if line else str(recipe.path))
+        out.append(finding)
+    return out
 
 
 def _merged(before: list, after: list) -> list:
@@ -113,9 +157,9 @@ def _merged(before: list, after: list) -> list:
     return before + [f for f in after if (f.rule, f.message) not in seen]
 
 
-def _stop_on_errors(findings: list) -> None:
+def _stop_on_errors(findings: list, recipe: Recipe | None = None) -> None:
     if compat.has_errors(findings):
-        raise FindingsFailed(findings)
+        raise FindingsFailed(located(recipe, findings) if recipe is not None else findings)
 
 
 # ---------------------------------------------------------------- lock
@@ -125,20 +169,23 @@ def lock(recipe_path: str | Path, *, lock_path: Path | None = None,
     started = time.monotonic()
     recipe = load_recipe(recipe_path)
     findings = compat.check_recipe(recipe, base_glibc(recipe))
-    _stop_on_errors(findings)
+    _stop_on_errors(findings, recipe)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     base = identify(recipe.base, progress)
     progress(f"resolving {len(recipe.python.requirements)} requirements for Python {base.python} "
              f"on {base.uv_platform}")
     new = resolve_lock(recipe, base)
     findings = _merged(findings, compat.check_resolved(recipe, new.packages, base.glibc))
-    _stop_on_errors(findings)
+    if recipe.patches:
+        progress(f"checking {len(recipe.patches)} patch(es) against the locked wheels")
+        findings += patch_findings(recipe, new)
+    _stop_on_errors(findings, recipe)
     text = new.to_json()
     changed = not path.exists() or path.read_text() != text
     if changed:
         write_lock(new, path)
     return LockReport(str(recipe.path), str(path), changed, len(new.wheels),
-                      time.monotonic() - started, findings, new.sha256)
+                      time.monotonic() - started, located(recipe, findings), new.sha256)
 
 
 def _fresh_lock(recipe: Recipe, path: Path, relock: bool, progress: Progress) -> Lock:
@@ -200,20 +247,54 @@ def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | N
     return SmokeReport(image, ok, report)
 
 
+_LAYER_FILE = re.compile(r"requirements/\d+-([a-z]+)\.txt")
+
+
+def explain_build_failure(failure: BuildFailed, recipe: Recipe, locked: Lock) -> BuildFailed:
+    """A failed step of our own Dockerfile said in the recipe's words: which patch, prune or layer."""
+    step = failure.step
+    if step is None:
+        return failure
+    text = step.instruction
+    layer = _LAYER_FILE.search(text)
+    layer = layer.group(1) if layer else "?"
+    if "apply_patch.py" in text and "--package" in text:
+        package = re.search(r"--package (\S+)", text).group(1)
+        patch = next((str(p.path) for p in recipe.patches if p.package == package), "the recipe's patch")
+        what = f"the patch {patch} does not apply to {package} {locked.packages.get(package, '?')}"
+        hint = f"`imagebuild patches {recipe.path}` names the file and hunk without building"
+    elif "prune.py" in text:
+        what = f"[[prune]] failed in the {layer} layer"
+        hint = "a glob must match files the distribution installs (its RECORD); `imagebuild render` shows the step"
+    elif "uv pip install" in text:
+        what = f"installing the {layer} layer failed"
+        hint = "the lock's wheels did not install on the base: relock (`imagebuild lock`) or check the base"
+    else:
+        what = f"build step {step.step} failed"
+        hint = "`imagebuild render RECIPE -o DIR` writes the Dockerfile to read the step in"
+    instruction = text if len(text) <= 200 else text[:197] + "..."
+    return BuildFailed(f"{what}: {step.cause}\n  step {step.step}: {instruction}\n  hint: {hint}\n"
+                       f"no image was tagged.", step=step)
+
+
 def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = None,
           relock: bool = False, run_smoke: bool = True, ca: str | None = None,
-          keep_failed: bool = False, gpus: bool | None = None, progress: Progress = _quiet) -> BuildReport:
-    """check -> lock (fresh or refused) -> base -> render -> build untagged -> smoke -> tag."""
+          keep_failed: bool = False, gpus: bool | None = None, tag: str | None = None,
+          progress: Progress = _quiet) -> BuildReport:
+    """check -> lock (fresh or refused) -> base -> render -> build untagged -> smoke -> tag.
+    `tag` replaces the recipe's NAME:TAG (tests build under names of their own)."""
     from imagebuild.render import render_context
     timings: dict[str, float] = {}
     clock = time.monotonic()
     recipe = load_recipe(recipe_path)
     findings = compat.check_recipe(recipe, base_glibc(recipe))
-    _stop_on_errors(findings)
+    _stop_on_errors(findings, recipe)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     current = _fresh_lock(recipe, path, relock, progress)
     findings = _merged(findings, compat.check_resolved(recipe, current.packages, current.base.glibc))
-    _stop_on_errors(findings)
+    if recipe.patches and not relock:  # a relock has just checked them
+        findings += patch_findings(recipe, current)
+    _stop_on_errors(findings, recipe)
     engine.check()
     timings["lock"] = time.monotonic() - clock
 
@@ -225,17 +306,21 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     context = render_context(current, recipe, cache_dir() / "contexts" / recipe.stem,
                              uv_path=uv_binary(), lock_text=path.read_text())
     bundle = ca_bundle(ca)
-    image_id = engine.build(context, secrets={"ca": bundle} if bundle else {}, progress=progress)
+    try:
+        image_id = engine.build(context, secrets={"ca": bundle} if bundle else {}, progress=progress)
+    except BuildFailed as failure:
+        raise explain_build_failure(failure, recipe, current) from None
     timings["build"] = time.monotonic() - clock
 
-    ref = f"{recipe.name}:{recipe.tag}"
+    ref = tag or f"{recipe.name}:{recipe.tag}"
     report = None
     if run_smoke:
         clock = time.monotonic()
         report = smoke(image_id, engine, use_cache=True, gpus=gpus, progress=progress)
         timings["smoke"] = time.monotonic() - clock
         if not report.ok:
-            if not keep_failed:
+            untagged = not (engine.inspect(image_id) or ImageInfo("", 0)).tags  # a cache hit can be a tagged image
+            if not keep_failed and untagged:
                 engine.remove(image_id)
             failed = [c["name"] for c in report.report.get("checks", []) if c.get("status") == "fail"]
             raise SmokeFailed(f"smoke test failed in the image built from {recipe.path} "

@@ -35,3 +35,30 @@ def engine():
     docker_engine = DockerEngine()
     docker_engine.check()
     return docker_engine
+
+
+@pytest.fixture
+def user_image(engine):
+    """Stands for an image a user built under a recipe's own name: `protect(ref)` makes sure one is
+    tagged ref (tagging any image already there when the user has none) and, at the end, fails
+    the test unless ref still names that same image; only a tag it made itself is removed."""
+    protected: list[tuple[str, str, bool]] = []
+
+    def protect(ref: str) -> str:
+        info = engine.inspect(ref)
+        made = info is None
+        if made:
+            images = engine.client.api.images(quiet=True)
+            assert images, "no image in the engine to stand for the user's"
+            repository, _, tag = ref.rpartition(":")
+            engine.client.api.tag(images[0], repository, tag)
+            info = engine.inspect(ref)
+        protected.append((ref, info.id, made))
+        return info.id
+
+    yield protect
+    for ref, image_id, made in protected:
+        after = engine.inspect(ref)
+        if made and after is not None:
+            engine.client.api.remove_image(ref)  # the tag only: the image keeps its own names
+        assert after is not None and after.id == image_id, f"the suite removed or replaced the user's {ref}"

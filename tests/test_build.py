@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tarfile
 import uuid
 from pathlib import Path
@@ -37,13 +39,15 @@ def _copy_recipe(write_recipe, name: str, env_extra: str = "", requirements_extr
     return write_recipe(text, name)
 
 
-def test_cuda_toolchain_builds_smokes_and_keeps_the_ca_out_of_its_layers(engine, cleanup, tmp_path):
+def test_cuda_toolchain_builds_smokes_and_keeps_the_ca_out_of_its_layers(engine, cleanup, tmp_path, user_image):
+    user_image("imagebuild/cuda-toolchain:13.0")  # the README's image, if the user built it, stays
     marker = f"imagebuild-ca-marker-{uuid.uuid4().hex}"
     bundle = tmp_path / "proxy-ca.pem"
     bundle.write_text(HOST_CA.read_text() + f"\n# {marker}\n")
-    report = pipeline.build(RECIPE, engine, ca=str(bundle))
+    ref = f"imagebuild-test/cuda-toolchain:{os.getpid()}"
+    report = pipeline.build(RECIPE, engine, ca=str(bundle), tag=ref)
     cleanup.append(report.image)
-    assert report.image == "imagebuild/cuda-toolchain:13.0"
+    assert report.image == ref
     assert report.smoke.ok
     checks = {c["name"]: c for c in report.smoke.report["checks"]}
     assert {name: checks[name]["status"] for name in
@@ -59,7 +63,7 @@ def test_cuda_toolchain_builds_smokes_and_keeps_the_ca_out_of_its_layers(engine,
     assert found.stdout.strip() == "0", found.stdout
 
     # A no-op rebuild gives the same image and reuses the smoke result recorded for that image id.
-    again = pipeline.build(RECIPE, engine, ca=str(bundle))
+    again = pipeline.build(RECIPE, engine, ca=str(bundle), tag=ref)
     assert again.image_id == report.image_id
     assert again.smoke.cached
 
@@ -150,3 +154,25 @@ def test_pruned_files_never_reach_a_layer_and_leave_a_tombstone(engine, write_re
                     seen += [entry.name for entry in layer if "markupsafe" in entry.name]
     assert any(n.endswith("markupsafe/_speedups.py") for n in seen)  # the layer that installed it was read
     assert not [n for n in seen if "_speedups" in n and n.endswith(".so")]
+
+
+def test_a_failed_build_step_is_one_error_naming_the_step_and_its_cause(engine, write_recipe):
+    """A [[prune]] glob that matches nothing in the release stops its install step: `build` says which
+    table and why, in text and in JSON, exits 1, and tags nothing."""
+    name = f"failed-step-{os.getpid()}"
+    recipe = _copy_recipe(write_recipe, name, requirements_extra='  "markupsafe==3.0.2",\n')
+    recipe.write_text(recipe.read_text() + '\n[[prune]]\npackage = "markupsafe"\n'
+                      'remove = ["markupsafe/_no_such_module*.so"]\nreason = "a glob that matches nothing"\n')
+    ref = f"imagebuild-test/{name}:1"
+    command = [sys.executable, "-m", "imagebuild", "build", str(recipe), "--tag", ref, "--no-smoke"]
+    as_json = subprocess.run(command + ["--json"], capture_output=True, text=True)
+    assert as_json.returncode == 1, as_json.stderr[-2000:]
+    error = json.loads(as_json.stdout)
+    assert error["error"] == "BuildFailed" and error["ok"] is False
+    assert error["message"].startswith("[[prune]] failed in the application layer: prune: error: [[prune]] remove "
+                                       "'markupsafe/_no_such_module*.so' matches no file of MarkupSafe 3.0.2")
+    assert "prune.py" in error["step"]["instruction"] and error["step"]["exit_code"] == 1
+    as_text = subprocess.run(command, capture_output=True, text=True)
+    assert as_text.returncode == 1 and "Traceback" not in as_text.stderr
+    assert "error: [[prune]] failed in the application layer: prune: error:" in as_text.stderr
+    assert engine.inspect(ref) is None

@@ -33,7 +33,6 @@ DEEP_GEMM = "sgl-deep-gemm==0.2.3.post2"
 FLASHINFER = "flashinfer-python==0.7.2"
 FLASHINFER_PATCH = REPO / "recipes" / "patches" / "flashinfer-cuda-version.patch"
 CPU_TORCH_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
-TOOLCHAIN_IMAGE = "imagebuild/cuda-toolchain:13.0"
 IMAGE_CUDA_HOME = "/opt/venv/lib/python3.11/site-packages/nvidia/cu13"
 BLACKWELL = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
 OPEN_MODULE = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  "
@@ -435,10 +434,12 @@ def test_an_interpreter_too_old_for_the_probe_is_refused_clearly(tmp_path):
 
 @pytest.fixture(scope="module")
 def toolchain_image(engine):
-    if not engine.image_exists(TOOLCHAIN_IMAGE):
-        from imagebuild import pipeline
-        pipeline.build(REPO / "recipes" / "cuda-toolchain.toml", engine)
-    return TOOLCHAIN_IMAGE
+    """The cuda-toolchain image under a name of this test run's own, removed at the end."""
+    from imagebuild import pipeline
+    report = pipeline.build(REPO / "recipes" / "cuda-toolchain.toml", engine,
+                            tag=f"imagebuild-test/doctor-toolchain:{os.getpid()}")
+    yield report.image
+    engine.remove(report.image)
 
 
 def test_cuda_toolchain_image_is_healthy(engine, toolchain_image):

@@ -92,8 +92,9 @@ TIERS = ("interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine):
-    report = pipeline.build(RECIPE, engine)
+def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine, user_image):
+    user_image("imagebuild/sglang-blackwell:0.5.23-cu130")  # the README's first command made it: it stays
+    report = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/sglang-blackwell:{os.getpid()}")
     try:
         assert report.smoke.ok
         checks = {c["name"]: c for c in report.smoke.report["checks"]}

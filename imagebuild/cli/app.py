@@ -9,30 +9,50 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import re
+import os
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
 
 from imagebuild import __version__, pipeline
+from imagebuild.cli.output import (Progress, line, make_console, print_error, print_findings, print_patch_results,
+                                   print_smoke)
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildError, SmokeFailed
+from imagebuild.recipe.model import image_ref_problem
 
 # Command groups that live beside their stage: each module's add_commands(command) adds subparsers
 # whose defaults carry handler=fn(args, out, err) -> exit code.
 EXTENSIONS: tuple[str, ...] = ("imagebuild.cli.publish", "imagebuild.cli.lxc", "imagebuild.cli.repro",
                                "imagebuild.cli.doctor")
 
-_STEP = re.compile(r"^#\d+ \[[^\]]*\] ")
-
-
 CORE_COMMANDS = ("check", "lock", "render", "build", "smoke", "patches")
+
+
+def image_ref(text: str) -> str:
+    """--tag NAME:TAG, checked with the recipe's own rules for [image] name and tag."""
+    problem = image_ref_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
+    return text
+
+
+class UsageError(ImagebuildError):
+    """Arguments argparse refused; the parser that refused them prints the usage."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        self.parser = parser
+        super().__init__(f"{parser.prog}: {message}")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # raise instead of exiting, so that --json still gets its error object
+        raise UsageError(self, message)
 
 
 def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
     """All commands; for a core command, only the core (the command groups' imports cost time)."""
-    parser = argparse.ArgumentParser(prog="imagebuild", description=(
+    parser = _Parser(prog="imagebuild", description=(
         "Build reproducible GPU ML container images: recipe -> check -> lock -> render -> build -> smoke."))
     parser.add_argument("--version", action="version", version=f"imagebuild {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -66,6 +86,8 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
                      "secret (default: $IMAGEBUILD_CA_BUNDLE, $SSL_CERT_FILE, Debian's bundle)")
     cmd.add_argument("--engine", default="docker", choices=["docker", "buildah"])
     cmd.add_argument("--no-gpus", action="store_true", help="smoke-test without GPUs even where they are visible")
+    cmd.add_argument("--tag", metavar="NAME:TAG", type=image_ref,
+                     help="tag the image NAME:TAG instead of the recipe's [image] name and tag")
 
     cmd = command("smoke", "re-run the in-image smoke test of a built image")
     cmd.add_argument("image")
@@ -84,59 +106,18 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-class _Progress:
-    """Long steps: stage lines and build-step headers are printed; the rest updates a spinner."""
-
-    def __init__(self, console: Console):
-        self.console = console
-        self.status = None
-
-    def __call__(self, line: str) -> None:
-        if not line.startswith("#"):
-            self.console.print(f"[bold cyan]›[/] {line}", highlight=False)
-        elif _STEP.match(line):
-            self.console.print(f"  {line.split(' ', 1)[1][:160]}", style="dim", highlight=False)
-        elif self.status is not None:
-            self.status.update(line[:120])
-
-    @contextmanager
-    def spinning(self, title: str):
-        with self.console.status(title) as status:
-            self.status = status
-            try:
-                yield self
-            finally:
-                self.status = None
-
-
-def _print_findings(console: Console, findings) -> None:
-    for f in findings:
-        colour = "red" if f.severity == "error" else "yellow"
-        console.print(f"[{colour}]{f.severity}[/] {f.rule}: {f.message}", highlight=False)
-        console.print(f"  evidence: {f.evidence}\n  fix: {f.fix}\n  source: {f.source}",
-                      style="dim", highlight=False)
-
-
-def _print_smoke(console: Console, report: dict) -> None:
-    marks = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "skip": "[dim]skip[/]",
-             "warn": "[yellow]warn[/]"}
-    for check in report.get("checks", []):
-        console.print(f"  {marks.get(check.get('status'), check.get('status'))} "
-                      f"{check.get('name')}: {check.get('detail', '')}", highlight=False)
-
-
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if getattr(args, "handler", None):
         return args.handler(args, out, err)
-    progress = _Progress(err)
+    progress = Progress(err)
     if args.command == "check":
         report = pipeline.check(args.recipe)
         if args.json:
             out.print_json(data=report.to_dict())
         else:
-            _print_findings(out, report.findings)
-            out.print(f"{report.recipe}: {'ok' if report.ok else 'errors found'} "
-                      f"({len(report.findings)} finding(s))", highlight=False)
+            print_findings(out, report.findings)
+            out.print(line(report.recipe, f": {'ok' if report.ok else 'errors found'} "
+                                          f"({len(report.findings)} finding(s))"))
         return EXIT_OK if report.ok else EXIT_FAILED
 
     if args.command == "lock":
@@ -145,10 +126,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         if args.json:
             out.print_json(data=report.to_dict())
         else:
-            _print_findings(out, report.findings)
-            out.print(f"{report.lock_path}: {report.packages} wheels, "
-                      f"{'written' if report.changed else 'unchanged'} in {report.seconds:.1f} s",
-                      highlight=False)
+            print_findings(out, report.findings)
+            out.print(line(report.lock_path, f": {report.packages} wheels, "
+                                             f"{'written' if report.changed else 'unchanged'} in {report.seconds:.1f} s"))
         return EXIT_OK
 
     if args.command == "render":
@@ -158,8 +138,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         if args.json:
             out.print_json(data={"context": str(path), "dockerfile": str(path / "Dockerfile")})
         else:
-            out.print(f"build context written to {path} (Dockerfile: {path / 'Dockerfile'})",
-                      highlight=False)
+            out.print(line("build context written to ", str(path), " (Dockerfile: ", str(path / "Dockerfile"), ")"))
         return EXIT_OK
 
     if args.command == "patches":
@@ -170,11 +149,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             out.print_json(data={"ok": all(r.applies for r in results),
                                  "patches": [r.to_dict() for r in results]})
         else:
-            for r in results:
-                verdict = "[green]applies[/]" if r.applies else "[red]does not apply[/]"
-                out.print(f"{r.patch} ({r.package} {r.checked}, locked {r.locked}): {verdict}", highlight=False)
-                for problem in r.problems:
-                    out.print(f"  {problem}", style="dim", highlight=False)
+            print_patch_results(out, results)
         return EXIT_OK if all(r.applies for r in results) else EXIT_FAILED
 
     from imagebuild.engine import default_engine
@@ -184,17 +159,17 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             report = pipeline.build(args.recipe, engine, lock_path=args.lock, relock=args.relock,
                                     run_smoke=not args.no_smoke, ca=args.ca_bundle,
                                     keep_failed=args.keep_failed, gpus=False if args.no_gpus else None,
-                                    progress=progress)
+                                    tag=args.tag, progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
         else:
-            _print_findings(out, report.findings)
+            print_findings(out, report.findings)
             if report.smoke:
-                out.print(f"smoke test{' (cached result for this image id)' if report.smoke.cached else ''}:")
-                _print_smoke(out, report.smoke.report)
+                out.print(line(f"smoke test{' (cached result for this image id)' if report.smoke.cached else ''}:"))
+                print_smoke(out, report.smoke.report)
             times = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
-            out.print(f"[green]built[/] {report.image}  {report.image_id}  "
-                      f"{report.size / 1e9:.2f} GB  ({times})", highlight=False)
+            out.print(line(("built", "green"), " ", report.image, "  ", report.image_id,
+                           f"  {report.size / 1e9:.2f} GB  ({times})"))
         return EXIT_OK
 
     if args.command == "smoke":
@@ -204,35 +179,59 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         if args.json:
             out.print_json(data=report.to_dict())
         else:
-            _print_smoke(out, report.report)
-            out.print(f"{args.image}: smoke {'passed' if report.ok else 'FAILED'}", highlight=False)
+            print_smoke(out, report.report)
+            out.print(line(args.image, f": smoke {'passed' if report.ok else 'FAILED'}"))
         return EXIT_OK if report.ok else EXIT_FAILED
     raise AssertionError(args.command)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
-    out = Console(highlight=False, soft_wrap=True)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    out = make_console()
+    err = make_console(stderr=True)
+    try:
+        args = _parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
+    except UsageError as error:
+        if "--json" in argv:
+            print(json.dumps(error_object(error), indent=2, sort_keys=True))
+        else:
+            error.parser.print_usage(sys.stderr)
+            print_error(err, error)
+        return error.exit_code
     try:
         return run(args, out, err)
     except ImagebuildError as error:
         if getattr(args, "json", False):
-            payload = {"ok": False, "error": type(error).__name__, "message": str(error)}
-            if isinstance(error, FindingsFailed):
-                payload["findings"] = [f.to_dict() for f in error.findings]
-            if isinstance(error, SmokeFailed) and error.report:
-                payload["probe"] = error.report
-            print(json.dumps(payload, indent=2, sort_keys=True))
+            print(json.dumps(error_object(error), indent=2, sort_keys=True))
         else:
             if isinstance(error, SmokeFailed) and error.report:
-                _print_smoke(err, error.report)
-            err.print(f"[red]error:[/] {error}", highlight=False)
+                print_smoke(err, error.report)
+            print_error(err, error)
         return error.exit_code
     except KeyboardInterrupt:
-        err.print("[red]interrupted[/]")
+        if getattr(args, "json", False):
+            print(json.dumps({"ok": False, "error": "Interrupted", "message": "interrupted"}, indent=2))
+        err.print(line(("interrupted", "red")))
         return 130
+    except Exception as error:  # noqa: BLE001 -- a bug of ours: still one error object, never silence
+        if os.environ.get("IMAGEBUILD_DEBUG") == "1":
+            raise
+        if getattr(args, "json", False):
+            print(json.dumps({"ok": False, "error": "InternalError", "type": type(error).__name__,
+                              "message": str(error)}, indent=2, sort_keys=True))
+        err.print(line(("internal error:", "red"), f" {type(error).__name__}: ", str(error)))
+        err.print(line(("  this is a bug in imagebuild; IMAGEBUILD_DEBUG=1 shows the traceback", "dim")))
+        return EXIT_FAILED
+
+
+def error_object(error: ImagebuildError) -> dict:
+    """What --json prints for an error: its type, message and structured details."""
+    payload = {"ok": False, "error": type(error).__name__, "message": str(error), **error.details()}
+    if isinstance(error, FindingsFailed):
+        payload["findings"] = [f.to_dict() for f in error.findings]
+    if isinstance(error, SmokeFailed) and error.report:
+        payload["probe"] = error.report
+    return payload
 
 
 if __name__ == "__main__":

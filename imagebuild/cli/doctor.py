@@ -6,11 +6,9 @@ import argparse
 import os
 
 from rich.console import Console
-from rich.markup import escape
 
+from imagebuild.cli.output import line, print_doctor
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, ImagebuildError
-
-_MARKS = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "skip": "[dim]skip[/]", "warn": "[yellow]warn[/]"}
 
 
 def add_commands(command) -> None:
@@ -45,7 +43,7 @@ def run_doctor(args: argparse.Namespace, out: Console, err: Console) -> int:
     from imagebuild import doctor
 
     variables = _variables(args.env)
-    with err.status("doctor: gathering facts"):
+    with err.status(line("doctor: gathering facts")):
         if args.image:
             from imagebuild.engine import default_engine
             if args.driver_file:
@@ -59,14 +57,5 @@ def run_doctor(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.json:
         out.print_json(data=report.to_dict())
         return EXIT_OK if report.ok else EXIT_FAILED
-    host = report.host
-    out.print(escape(f"doctor: {report.target}, probe under {report.python} (Python {host.get('python', '?')}, "
-                     f"glibc {report.facts.get('glibc') or '?'}), {report.seconds:.1f} s"), highlight=False)
-    for finding in report.findings:  # details and fixes hold brackets ([[patches]]): never markup
-        mark = _MARKS.get(finding["status"], escape(str(finding["status"])))
-        out.print(f"  {mark} {escape(finding['name'])}: {escape(finding['detail'])}", highlight=False)
-        if finding.get("fix"):
-            out.print(f"       fix: {escape(finding['fix'])}", style="cyan", highlight=False)
-    verdict = "[green]no errors[/]" if report.ok else f"[red]{len(report.errors)} error(s)[/]"
-    out.print(f"{verdict}, {len(report.warnings)} warning(s)", highlight=False)
+    print_doctor(out, report)
     return EXIT_OK if report.ok else EXIT_FAILED

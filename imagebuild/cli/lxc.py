@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from imagebuild.cli.output import line
 from imagebuild.errors import EXIT_OK
 from imagebuild.publish import lxc, lxc_gpu
 
@@ -61,12 +62,12 @@ def export_lxc(args: argparse.Namespace, out: Console, err: Console) -> int:
     from imagebuild.engine import default_engine
     engine = default_engine("docker")
     output = args.output or Path(lxc.default_name(args.image, args.compress or "zst", args.oci))
-    with err.status("exporting") as status, _sigterm_interrupts():
-        def progress(line: str) -> None:
-            if line.startswith("exported "):
-                status.update(line)
+    with err.status(line("exporting")) as status, _sigterm_interrupts():
+        def progress(text: str) -> None:
+            if text.startswith("exported "):
+                status.update(line(text))
             else:
-                err.print(f"[bold cyan]›[/] {line}", highlight=False)
+                err.print(line(("›", "bold cyan"), " ", text))
         if args.oci:
             report = lxc.export_oci(engine, args.image, output, progress=progress)
         else:
@@ -79,18 +80,17 @@ def export_lxc(args: argparse.Namespace, out: Console, err: Console) -> int:
     rootfs = report.rootfs
     if rootfs:
         for warning in rootfs.warnings:
-            err.print(f"[yellow]warning[/] {warning}", highlight=False)
+            err.print(line(("warning", "yellow"), " ", warning))
         if rootfs.driver_libraries:
-            err.print(f"[yellow]warning[/] the image carries the driver library "
-                      f"{', '.join(rootfs.driver_libraries)}: it shadows the host's driver",
-                      highlight=False)
-        out.print(f"os {rootfs.os['id']} {rootfs.os['version'] or rootfs.os['version_id']}; "
-                  f"init: {'the image' + chr(39) + 's' if rootfs.init == 'image' else 'imagebuild shim'}; "
-                  f"{rootfs.members} entries; dropped {len(rootfs.dropped)} outside /dev", highlight=False)
+            err.print(line(("warning", "yellow"), " the image carries the driver library ",
+                           ", ".join(rootfs.driver_libraries), ": it shadows the host's driver"))
+        out.print(line("os ", str(rootfs.os["id"]), " ", str(rootfs.os["version"] or rootfs.os["version_id"]),
+                       f"; init: {'the image' + chr(39) + 's' if rootfs.init == 'image' else 'imagebuild shim'}; "
+                       f"{rootfs.members} entries; dropped {len(rootfs.dropped)} outside /dev"))
     kind = f"LXC template ({report.compression})" if report.format == "lxc-rootfs" else \
         f"OCI archive (via {report.tool})"
-    out.print(f"[green]wrote[/] {report.path}  {kind}  {report.size / 1e6:.0f} MB  "
-              f"sha256 {report.sha256[:16]}…  in {report.seconds:.1f} s", highlight=False)
+    out.print(line(("wrote", "green"), " ", str(report.path), f"  {kind}  {report.size / 1e6:.0f} MB  "
+                   f"sha256 {report.sha256[:16]}…  in {report.seconds:.1f} s"))
     return EXIT_OK
 
 
@@ -112,10 +112,9 @@ def lxc_config(args: argparse.Namespace, out: Console, err: Console) -> int:
         out.print_json(data=data)
         return EXIT_OK
     for warning in config.warnings:
-        err.print(f"[yellow]warning[/] {warning}", highlight=False)
+        err.print(line(("warning", "yellow"), " ", warning))
     if args.image:
-        err.print(f"{args.image}: no libcuda.so of its own (the host's driver will be used)",
-                  highlight=False)
-    for line in config.lines:
-        out.print(line, highlight=False, markup=False)
+        err.print(line(args.image, ": no libcuda.so of its own (the host's driver will be used)"))
+    for text in config.lines:
+        out.print(line(text))
     return EXIT_OK

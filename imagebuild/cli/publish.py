@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from imagebuild.cli.output import line
 from imagebuild.errors import EXIT_OK, ImagebuildError
 from imagebuild.publish.push_source import export_engine_image
 from imagebuild.publish.registry import DEFAULT_CHUNK, push
@@ -51,8 +52,8 @@ def add_commands(command) -> None:
 
 
 def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
-    def progress(line: str) -> None:
-        err.print(f"[bold cyan]›[/] {line}", highlight=False)
+    def progress(text: str) -> None:
+        err.print(line(("›", "bold cyan"), " ", text))
 
     source = Path(args.source)
     with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:
@@ -75,8 +76,7 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
         out.print_json(data=report.to_dict())
         return EXIT_OK
     counts = {a: sum(b.action == a for b in report.blobs) for a in ("uploaded", "mounted", "exists")}
-    out.print(f"blobs: {counts['uploaded']} uploaded, {counts['mounted']} mounted, "
-              f"{counts['exists']} already there; {report.bytes_sent} bytes sent in "
-              f"{report.seconds:.1f} s", highlight=False)
-    out.print(report.pinned, highlight=False)
+    out.print(line(f"blobs: {counts['uploaded']} uploaded, {counts['mounted']} mounted, "
+                   f"{counts['exists']} already there; {report.bytes_sent} bytes sent in {report.seconds:.1f} s"))
+    out.print(line(report.pinned))
     return EXIT_OK

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from imagebuild.cli.output import line
 from imagebuild.engine import default_engine
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, ImagebuildError
 from imagebuild.image import export, oci, sbom, verify
@@ -85,7 +86,7 @@ def sbom_path_for(layout: Path) -> Path:
 
 def export_command(args, out: Console, err: Console) -> int:
     engine = default_engine(args.engine)
-    with err.status(f"exporting {args.image}"):
+    with err.status(line("exporting ", args.image)):
         result = export.export_layout(engine, args.image, args.out, ref_name=args.ref_name)
     report = result.to_dict()
     if not args.no_sbom:
@@ -100,50 +101,51 @@ def export_command(args, out: Console, err: Console) -> int:
     if args.json:
         out.print_json(data=report)
     else:
-        out.print(f"[green]exported[/] {args.image} -> {args.out}  manifest {result.manifest_digest}  "
-                  f"({len(result.layers)} layers, {result.seconds:.1f} s)")
+        out.print(line(("exported", "green"), " ", args.image, " -> ", str(args.out), "  manifest ",
+                       result.manifest_digest, f"  ({len(result.layers)} layers, {result.seconds:.1f} s)"))
         if "sbom" in report:
-            out.print(f"  SBOM {report['sbom']['file']} (attached as {report['sbom']['artifact_digest']})")
+            out.print(line("  SBOM ", report["sbom"]["file"], " (attached as ", report["sbom"]["artifact_digest"], ")"))
     return EXIT_OK
 
 
 def verify_command(args, out: Console, err: Console) -> int:
-    with err.status(f"verifying {args.image}"):
+    with err.status(line("verifying ", args.image)):
         report = verify.verify_image(default_engine(args.engine), args.image, args.lock)
     if args.json:
         out.print_json(data=report.to_dict())
     else:
         for m in report.mismatches:
-            out.print(f"[red]mismatch[/] {m.what} {m.subject}: expected {m.expected}, found {m.actual}")
+            out.print(line(("mismatch", "red"), " ", str(m.what), " ", str(m.subject), ": expected ",
+                           str(m.expected), ", found ", str(m.actual)))
         for f in report.shared:
-            out.print(f"note: {f.path} is installed by {' and '.join(f.owners)}; the image holds "
-                      f"{f.kept}'s copy (installed last)")
+            out.print(line("note: ", f.path, " is installed by ", " and ".join(f.owners), "; the image holds ",
+                           f.kept, "'s copy (installed last)"))
         counts = ", ".join(f"{v} {k}" for k, v in report.checked.items())
-        verdict = "[green]matches[/]" if report.ok else f"[red]{len(report.mismatches)} mismatch(es)[/]"
-        out.print(f"{args.image} against {args.lock}: {verdict} (checked {counts})")
+        verdict = ("matches", "green") if report.ok else (f"{len(report.mismatches)} mismatch(es)", "red")
+        out.print(line(args.image, " against ", str(args.lock), ": ", verdict, f" (checked {counts})"))
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def diff_command(args, out: Console, err: Console) -> int:
-    with err.status(f"comparing {args.a} and {args.b}"):
+    with err.status(line("comparing ", args.a, " and ", args.b)):
         report = verify.diff_images(default_engine(args.engine), args.a, args.b,
                                     epoch=None if args.raw else oci.REPRO_EPOCH, limit=args.limit)
     if args.json:
         out.print_json(data=report.to_dict())
         return EXIT_OK if report.same else EXIT_FAILED
     for d in report.differences:
-        out.print(f"{d.path}: {', '.join(d.fields)}")
+        out.print(line(d.path, ": ", ", ".join(d.fields)))
     if report.config:
-        out.print(f"config: {', '.join(report.config)} differ")
-    out.print("the same files" if report.same else
-              f"{report.total} path(s) differ" + (f" (first {len(report.differences)} shown)"
-                                                  if report.total > len(report.differences) else ""))
+        out.print(line("config: ", ", ".join(report.config), " differ"))
+    out.print(line("the same files" if report.same else
+                   f"{report.total} path(s) differ" + (f" (first {len(report.differences)} shown)"
+                                                       if report.total > len(report.differences) else "")))
     return EXIT_OK if report.same else EXIT_FAILED
 
 
 def sbom_command(args, out: Console, err: Console) -> int:
     engine = default_engine(args.engine)
-    with err.status(f"reading {args.image}"):
+    with err.status(line("reading ", args.image)):
         lock = image_lock(engine, args.image, args.lock)
         layout_dir = Path(args.image.removeprefix("oci:")) if verify.is_layout(args.image) else None
         digest = None
@@ -163,6 +165,6 @@ def sbom_command(args, out: Console, err: Console) -> int:
         out.print_json(data={"sbom": str(path), "components": len(document["components"]),
                              "attached": attached.digest if attached else None})
     else:
-        out.print(f"SBOM written to {path} ({len(document['components'])} components"
-                  + (f"; attached to {layout_dir} as {attached.digest})" if attached else ")"))
+        out.print(line("SBOM written to ", str(path), f" ({len(document['components'])} components",
+                       *(("; attached to ", str(layout_dir), " as ", attached.digest, ")") if attached else (")",))))
     return EXIT_OK

@@ -21,6 +21,7 @@ from typing import BinaryIO, Iterator, Mapping, Sequence
 
 from imagebuild.common import REPRO_EPOCH
 from imagebuild.engine.contract import Engine, ImageInfo, Progress, RunResult
+from imagebuild.engine.build_log import BUILD_LOG_LINES, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
 
@@ -78,10 +79,9 @@ class BuildahEngine(Engine):
             for name, path in sorted(secrets.items()):
                 command += ["--secret", f"id={name},src={path}"]
             command.append(str(context))
-            code, tail = run_streaming(command, progress)
+            code, tail = run_streaming(command, progress, keep=BUILD_LOG_LINES)
             if code != 0:
-                raise BuildFailed(f"buildah bud failed (exit {code}); no image was tagged. Last lines:\n"
-                                  + "\n".join(tail))
+                raise build_failure("buildah bud", code, tail)
             return "sha256:" + iidfile.read_text().strip().removeprefix("sha256:")
 
     def tag(self, image_id: str, ref: str) -> None:

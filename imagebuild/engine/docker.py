@@ -15,6 +15,7 @@ import docker.errors
 import requests.exceptions
 
 from imagebuild.engine.contract import Engine, ImageInfo, Progress, RunResult
+from imagebuild.engine.build_log import BUILD_LOG_LINES, TAIL_SHOWN, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming, widen_pipe
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
 
@@ -85,15 +86,15 @@ class DockerEngine(Engine):
             for name, path in sorted(secrets.items()):
                 command += ["--secret", f"id={name},src={path}"]
             command.append(str(context))
-            code, tail = run_streaming(command, progress, env={**os.environ, "DOCKER_BUILDKIT": "1"})
+            code, tail = run_streaming(command, progress, env={**os.environ, "DOCKER_BUILDKIT": "1"},
+                                       keep=BUILD_LOG_LINES)
             if code != 0:
-                text = "\n".join(tail)
+                text = "\n".join(tail[-TAIL_SHOWN:])
                 if "buildx" in text and "missing" in text:
                     raise ToolMissing(f"{self.cli} cannot run BuildKit builds without buildx: use "
                                       "Debian's /usr/bin/docker (package docker.io) or set "
                                       "IMAGEBUILD_DOCKER_CLI")
-                raise BuildFailed(f"docker build failed (exit {code}); no image was tagged. "
-                                  f"Last lines:\n{text}")
+                raise build_failure("docker build", code, tail)
             return iidfile.read_text().strip()
 
     def tag(self, image_id: str, ref: str) -> None:

@@ -21,6 +21,7 @@ from imagebuild.common import write_atomic
 from imagebuild.errors import LockError, StaleLock
 from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.model import Recipe
+from imagebuild.recipe.reader import meaning_sha256, parse_toml, read_source
 
 LOCK_VERSION = 1
 
@@ -117,7 +118,9 @@ def payload_sha256() -> str:
 
 
 def recipe_sha256(recipe: Recipe) -> str:
-    return sha256_bytes(recipe.path.read_bytes())
+    """What the recipe means (recipe/reader.py's meaning_sha256), not its bytes: a comment or a
+    reformatting leaves a lock fresh, a changed value makes it stale."""
+    return meaning_sha256(parse_toml(read_source(recipe.path), recipe.path))
 
 
 def default_lock_path(recipe: Recipe) -> Path:

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from imagebuild.knowledge.facts import load_facts
 from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
 from imagebuild.recipe.edits import Patch, Prune, distribution_name, parse_patches, parse_prune
 from imagebuild.recipe.layers import LAYER_ORDER
@@ -142,9 +143,21 @@ def parse_recipe(text: str, path: Path) -> Recipe:
         prune=parse_prune(read, doc),
         env=_string_map(read, doc, "env", _ENV_NAME,
                         "is not an environment variable name", "letters, digits and _, not starting with a digit"),
-        labels=_string_map(read, doc, "labels", _ANY_KEY, "is not a label key", "a label key cannot be empty"),
+        labels=_labels(read, doc),
         smoke=_smoke(read, read.table(doc, ("smoke",))),
     )
+
+
+RESERVED_LABELS = "io.imagebuild."  # the labels imagebuild writes itself (lock, recipe, patches, ...)
+
+
+def _labels(read: RecipeReader, doc: dict) -> dict[str, str]:
+    labels = _string_map(read, doc, "labels", _ANY_KEY, "is not a label key", "a label key cannot be empty")
+    for name in labels:
+        if name.startswith(RESERVED_LABELS):
+            raise read.error(("labels", name), f"label {show(name)} is reserved for imagebuild's own labels",
+                             hint="use another prefix, e.g. org.opencontainers.image.* or your own domain")
+    return labels
 
 
 def _smoke(read: RecipeReader, table: dict | None) -> SmokeSpec:
@@ -189,6 +202,22 @@ def _check_repository(read: RecipeReader, key: Key, name: str) -> None:
     raise read.error(key, f"{show(name)} is not a Docker repository name", hint)
 
 
+def image_ref_problem(ref: str) -> str | None:
+    """Why NAME:TAG cannot name an image (the rules of [image] name and tag), or None when it can."""
+    name, colon, tag = ref.rpartition(":")
+    if not colon or "/" in tag:
+        return "write NAME:TAG, e.g. myteam/sglang:test"
+    if not _TAG.fullmatch(tag):
+        return f"{show(tag)} is not a Docker tag"
+    first, slash, rest = name.partition("/")
+    registry, repository = (first, rest) if slash and ("." in first or ":" in first or first == "localhost") \
+        else (None, name)
+    if len(name) > 255 or (registry is not None and not _REGISTRY.fullmatch(registry)) \
+            or not _REPOSITORY.fullmatch(repository):
+        return f"{show(name)} is not a Docker repository name"
+    return None
+
+
 def _base(read: RecipeReader, table: dict) -> DebianBase | ImageBase:
     key = ("base",)
     read.known_keys(table, key, _DEBIAN_KEYS + _IMAGE_BASE_KEYS)
@@ -211,6 +240,11 @@ def _debian_base(read: RecipeReader, table: dict) -> DebianBase:
     if not _SUITE.fullmatch(suite):
         raise read.error(key + ("debian",), f"{show(suite)} is not a Debian suite name",
                          hint='a codename in lowercase letters, e.g. "bookworm" or "trixie"')
+    known = sorted(load_facts().suites)
+    if suite not in known:  # its Python and glibc are facts imagebuild must have to check and resolve
+        raise read.error(key + ("debian",), f"imagebuild has no facts for Debian {show(suite)}",
+                         hint=f"one of: {', '.join(known)}; or an image base pinned by digest with its "
+                              "python and glibc")
     packages = read.strings(table, key + ("packages",))
     for index, package in enumerate(packages):
         if not _DEBIAN_PACKAGE.fullmatch(package):

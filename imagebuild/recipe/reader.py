@@ -8,11 +8,12 @@ multi-line arrays and strings. A key it cannot find gets the line of its nearest
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import re
 import tomllib
 from collections.abc import Iterator, Sequence
-from datetime import date, datetime, time
+from datetime import date, datetime, time, timezone
 from pathlib import Path
 
 from imagebuild.errors import RecipeError
@@ -41,7 +42,42 @@ def read_source(path: Path) -> str:
         line = data.count(b"\n", 0, err.start) + 1
         column = err.start - data.rfind(b"\n", 0, err.start)
         raise RecipeError(path, f"is not UTF-8 text (byte 0x{data[err.start]:02x})",
-                          line=line, column=column, hint="save the recipe as UTF-8") from None
+                          key=syntax_key(data.decode("utf-8", "replace"), line), line=line, column=column,
+                          hint="save the recipe as UTF-8") from None
+
+
+_SYNTAX_HINT = "docs/recipes.md shows a whole recipe; TOML strings need quotes, lists [...], tables [name]"
+_SYNTAX_HINTS = (
+    ("Illegal character '\\n'", "close the string's quote on the same line (or use triple quotes for several lines)"),
+    ("Invalid value", 'give the key a value: "a string", a number, true or false, ["a", "list"] or { a = "table" }'),
+    ("Cannot overwrite a value", "the key is set twice: keep one of the two"),
+    ("Cannot declare", "the table is declared twice: merge the two into one"),
+    ("Expected '=' after a key", 'write key = value; a key with spaces or dots in it needs quotes: "a.b" = 1'),
+    ("Unclosed array", "close the list with ] (items are separated by commas)"),
+)
+
+
+def syntax_hint(message: str) -> str:
+    return next((hint for start, hint in _SYNTAX_HINTS if message.startswith(start)), _SYNTAX_HINT)
+
+
+def syntax_key(text: str, line: int) -> str | None:
+    """The key a syntax error's line sets (under the table above it), when that line starts like
+    `key = `; None when it does not (a header, a continued list)."""
+    lines = text.split("\n")
+    if not 1 <= line <= len(lines):
+        return None
+    match = re.match(r"\s*([A-Za-z0-9_-]+(?:\s*\.\s*[A-Za-z0-9_-]+)*)\s*=", lines[line - 1])
+    if not match:
+        header = re.match(r"\s*\[\[?\s*([A-Za-z0-9_.-]+)\s*\]", lines[line - 1])
+        return header.group(1) if header else None
+    table = ""
+    for previous in reversed(lines[:line - 1]):
+        header = re.match(r"\s*\[\[?\s*([A-Za-z0-9_.-]+)\s*\]", previous)
+        if header:
+            table = header.group(1) + "."
+            break
+    return table + re.sub(r"\s+", "", match.group(1))
 
 
 def parse_toml(text: str, path: Path) -> dict:
@@ -51,12 +87,13 @@ def parse_toml(text: str, path: Path) -> dict:
     except tomllib.TOMLDecodeError as err:
         match = _TOML_POSITION.fullmatch(str(err))
         if not match:
-            raise RecipeError(path, f"invalid TOML: {err}") from None
+            raise RecipeError(path, f"invalid TOML: {err}", hint=_SYNTAX_HINT) from None
         if match["line"]:
             line, column = int(match["line"]), int(match["column"])
         else:
             line, column = text.count("\n") + 1, len(text) - text.rfind("\n")
-        raise RecipeError(path, f"invalid TOML: {match['message']}", line=line, column=column) from None
+        raise RecipeError(path, f"invalid TOML: {match['message']}", key=syntax_key(text, line), line=line,
+                          column=column, hint=syntax_hint(match["message"])) from None
     except RecursionError:
         raise RecipeError(path, "invalid TOML: values nested too deeply to read") from None
     except ValueError as err:  # an integer longer than Python converts (4300 digits)
@@ -71,6 +108,7 @@ class RecipeReader:
         self.text = text
 
     def error(self, key: Key, message: str, hint: str | None = None) -> RecipeError:
+        hint = hint or f"docs/recipes.md gives the type and rule of {dotted(key[:1]) or 'each table'}'s keys"
         return RecipeError(self.path, message, key=dotted(key) or None, line=locate(self.text, key), hint=hint)
 
     def known_keys(self, table: dict, key: Key, known: Sequence[str], what: str = "key") -> None:
@@ -118,10 +156,12 @@ class RecipeReader:
         if value is None:
             return []
         if not isinstance(value, list):
-            raise self.error(key, f"expected a list of strings, got {toml_kind(value)}")
+            raise self.error(key, f"expected a list of strings, got {toml_kind(value)}",
+                             hint=f"write {key[-1]} = {example or '[' + chr(34) + '...' + chr(34) + ']'}")
         for index, item in enumerate(value):
             if not isinstance(item, str):
-                raise self.error(key + (index,), f"expected a string, got {toml_kind(item)}")
+                raise self.error(key + (index,), f"expected a string, got {toml_kind(item)}",
+                                 hint="put each item in quotes")
         if required and not value:
             raise self.error(key, "must not be empty", hint=f"e.g. {key[-1]} = {example}")
         return value
@@ -130,6 +170,18 @@ class RecipeReader:
         if key[-1] not in parent and required:
             raise self.error(key, f"missing required key {key[-1]}", hint=f"add {key[-1]} = {example}")
         return parent.get(key[-1])
+
+
+def key_path(text: str) -> Key:
+    """"patches[0].file" -> ("patches", 0, "file"): the inverse of dotted() for bare keys."""
+    parts: list[str | int] = []
+    for piece in text.split("."):
+        name, _, rest = piece.partition("[")
+        if name:
+            parts.append(name)
+        for index in re.findall(r"(\d+)\]", "[" + rest if rest else ""):
+            parts.append(int(index))
+    return tuple(parts)
 
 
 def toml_kind(value) -> str:
@@ -267,3 +319,29 @@ def _carry(line: str, pos: int, depth: int, quote: str | None) -> tuple[int, str
                 depth = max(depth - 1, 0)
             pos += 1
     return depth, quote
+
+
+def _plain(value):
+    """A parsed TOML value as JSON data that keeps TOML's types apart (1, 1.0, "1", a date)."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:  # one instant, whatever offset it was written with
+            return {"datetime": value.astimezone(timezone.utc).isoformat()}
+        return {"local-datetime": value.isoformat()}
+    if isinstance(value, date):
+        return {"date": value.isoformat()}
+    if isinstance(value, time):
+        return {"time": value.isoformat()}
+    if isinstance(value, float):
+        return {"float": repr(value)}
+    return value  # str, int, bool
+
+
+def meaning_sha256(data: dict) -> str:
+    """sha256 of what a parsed recipe means: comments, whitespace, quoting, key order and number
+    spelling (0x10 vs 16) do not change it; any change of a value, key or array order does."""
+    text = json.dumps(_plain(data), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

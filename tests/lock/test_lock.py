@@ -249,3 +249,14 @@ def test_a_changed_patch_file_makes_the_lock_stale(write_recipe, tmp_path):
     patch.write_text(patch.read_text() + "@@ -1 +1 @@\n-a\n+b\n")
     with pytest.raises(StaleLock, match="a patch file changed"):
         ensure_fresh(lock, load_recipe(path), tmp_path / "x.lock")
+
+
+def test_a_comment_or_reformatting_keeps_the_lock_fresh_and_a_changed_value_does_not(write_recipe, tmp_path):
+    path = write_recipe(SMALL)
+    lock = resolve_lock(load_recipe(path), BOOKWORM)
+    path.write_text("# pinned for the 2025 images\n" + SMALL.replace('name = "imagebuild-test/small"',
+                                                                     "name   =   'imagebuild-test/small'  # ours"))
+    ensure_fresh(lock, load_recipe(path), tmp_path / "x.lock")
+    path.write_text(SMALL.replace('exclude_newer = "2025-06-01"', 'exclude_newer = "2025-06-02"'))
+    with pytest.raises(StaleLock, match="test.toml changed since it was locked"):
+        ensure_fresh(lock, load_recipe(path), tmp_path / "x.lock")

@@ -27,7 +27,6 @@ from imagebuild.publish import lxc, lxc_gpu, rootfs_filter
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLCHAIN_RECIPE = ROOT / "recipes" / "cuda-toolchain.toml"
-TOOLCHAIN_IMAGE = "imagebuild/cuda-toolchain:13.0"
 PROBE = " ".join(PROBE_COMMAND)  # the smoke test's own command
 SHIFT = 100000  # pve-container's default map for unprivileged containers: u:0:100000:65536
 # pve-container's extraction: src/PVE/LXC/Create.pm plus PVE::Storage::Plugin::COMMON_TAR_FLAGS.
@@ -541,16 +540,10 @@ def toolchain(engine, tmp_path_factory):
     """The cuda-toolchain image, built through the library API if absent, under a tag of our own
     (other runs may remove the shared tag meanwhile); what this fixture made, it removes."""
     from imagebuild import pipeline
-    built = engine.inspect(TOOLCHAIN_IMAGE) is None
-    if built:
-        pipeline.build(TOOLCHAIN_RECIPE, engine)
-    info = engine.inspect(TOOLCHAIN_IMAGE)
     ref = f"imagebuild-test/lxc-toolchain:{os.getpid()}"
-    engine.tag(info.id, ref)
+    report = pipeline.build(TOOLCHAIN_RECIPE, engine, tag=ref)  # reused from the builder cache when built
     yield ref
-    engine.client.api.remove_image(ref)
-    if built:
-        engine.remove(TOOLCHAIN_IMAGE)
+    engine.remove(report.image)
 
 
 def need_nspawn() -> None:

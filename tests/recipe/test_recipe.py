@@ -306,8 +306,10 @@ def test_bytes_that_are_not_utf8(tmp_path):
 def test_toml_syntax_error_has_line_and_column(tmp_path):
     text = edit('tag = "13.0"', 'tag = "13.0')
     error = recipe_error(tmp_path, text)
-    assert (error.line, error.column, error.key) == (3, 12, None)
-    assert str(error).startswith(f"{tmp_path / 'recipe.toml'}:3:12: invalid TOML: ")
+    # The key the broken line sets is named too, and the fix for this kind of syntax error.
+    assert (error.line, error.column, error.key) == (3, 12, "image.tag")
+    assert str(error).startswith(f"{tmp_path / 'recipe.toml'}:3:12: [image.tag] invalid TOML: ")
+    assert error.hint.startswith("close the string's quote on the same line")
 
 
 @pytest.mark.parametrize("text, message", [
