@@ -114,6 +114,25 @@ def check(recipe_path: str | Path) -> CheckReport:
     return CheckReport(str(recipe.path), located(recipe, findings))
 
 
+def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = _quiet) -> tuple[list, bool]:
+    """What the locked wheels say of themselves (lock/artifacts.py), judged by compat.check_artifacts;
+    and whether torch's wheel said which CUDA it is built for."""
+    from imagebuild.lock.artifacts import read_artifacts
+    artifacts = read_artifacts(locked.wheels, cache_dir() / "wheel-files", progress)
+    requirements = {name: found for name in artifacts.wheels if name != "torch"
+                    for found in [artifacts.requires_of(name, "torch")] if found}
+    findings = compat.check_artifacts(
+        recipe.cuda.toolkit if recipe.cuda else None, locked.packages, torch_cuda=artifacts.torch_cuda(),
+        nvcc=artifacts.nvcc_carriers(), torch_requirements=requirements,
+        overlaps=artifacts.overlaps((w.name for w in locked.wheels),
+                                    removed={e.package: e.remove for e in recipe.prune}))
+    for name, why in sorted(artifacts.unread.items()):
+        findings.append(compat.Finding("warning", "wheel-unread", f"the file list of {name} could not be read, "
+                                       "so it was not checked for overlaps or CUDA builds", why,
+                                       "relock when the index answers", compat.ARTIFACT_SOURCE))
+    return findings, artifacts.torch_cuda() is not None
+
+
 def patch_findings(recipe: Recipe, locked: Lock) -> list:
     """An error finding for each recipe patch that does not apply to the wheel the lock installs,
     naming the file and hunk (the same words as `imagebuild patches`)."""
@@ -176,6 +195,10 @@ def lock(recipe_path: str | Path, *, lock_path: Path | None = None,
              f"on {base.uv_platform}")
     new = resolve_lock(recipe, base)
     findings = _merged(findings, compat.check_resolved(recipe, new.packages, base.glibc))
+    found, torch_known = artifact_findings(recipe, new, progress)
+    if torch_known:  # the wheel said which CUDA it is built for: the table's "unknown" is moot
+        findings = [f for f in findings if f.rule != "torch-unknown"]
+    findings = _merged(findings, found)
     if recipe.patches:
         progress(f"checking {len(recipe.patches)} patch(es) against the locked wheels")
         findings += patch_findings(recipe, new)

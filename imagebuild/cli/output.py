@@ -59,7 +59,7 @@ def print_error(console: Console, error: BaseException) -> None:
 
 def print_findings(console: Console, findings: Iterable) -> None:
     for f in findings:
-        colour = "red" if f.severity == "error" else "yellow"
+        colour = {"error": "red", "warning": "yellow"}.get(f.severity, "cyan")
         console.print(line((f.severity, colour), " ", f.rule, ": ", f.message))
         if getattr(f, "where", None):
             console.print(line(("  at: ", "dim"), (literal(f.where), "dim"), ("  [", "dim"), (literal(f.key), "dim"),

@@ -34,6 +34,7 @@ class LockedWheel:
     sha256: str
     size: int
     layer: str
+    url: str = field(default="", compare=False)  # where the resolver found it; not written to the lock
 
     @property
     def requirement_line(self) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from imagebuild.common import cache_dir
 from imagebuild.errors import ImagebuildError
@@ -140,18 +140,29 @@ def locked_wheel(lock: Lock, package: str) -> Path:
     with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text(wheel.requirement_line + "\n")
-        platform = lock.python_platform
-        platform_tag = platform.split("-", 1)[1] + "_" + platform.split("-", 1)[0]
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                                "--only-binary=:all:", "--python-version", lock.base.python,
-                               "--platform", platform_tag, "--dest", tmp, "-r", str(requirements)],
-                              capture_output=True, text=True)
+                               *_tag_options(wheel.filename, lock.python_platform), "--dest", tmp,
+                               "-r", str(requirements)], capture_output=True, text=True)
         got = Path(tmp) / wheel.filename
         if proc.returncode != 0 or not got.is_file():
             raise ImagebuildError(f"cannot download the locked wheel {wheel.filename} "
                                   f"(sha256 {wheel.sha256[:12]}...): {proc.stderr.strip()[-800:]}")
         got.replace(cached)  # pip checked the sha256 against the lock's
     return cached
+
+
+def _tag_options(filename: str, python_platform: str) -> list[str]:
+    """pip's --platform/--abi for exactly this wheel: pip takes a manylinux tag literally (no older
+    glibc implied), so the wheel's own tags are named; a pure wheel takes the lock's platform."""
+    _, _, _, tags = parse_wheel_filename(filename)
+    platforms = sorted({tag.platform for tag in tags} - {"any"})
+    if not platforms:
+        arch, _, rest = python_platform.partition("-")
+        platforms = [f"{rest}_{arch}"]  # x86_64-manylinux_2_36 -> manylinux_2_36_x86_64
+    abis = sorted({tag.abi for tag in tags} - {"none"})
+    return [option for platform in platforms for option in ("--platform", platform)] + \
+        [option for abi in abis for option in ("--abi", abi)]
 
 
 def check_locked_patches(recipe: Recipe, lock: Lock) -> list[PatchCheck]:

@@ -134,7 +134,8 @@ def parse_pylock(text: str, plan: LayerPlan, source: str = "pylock.toml",
         if not sha:
             raise ResolveFailed(f"{name} {version}: the index gave no sha256 for {filename}")
         wheels.append(LockedWheel(name=name, version=version, filename=filename, sha256=sha,
-                                  size=int(wheel.get("size") or 0), layer=plan.layer_of(name)))
+                                  size=int(wheel.get("size") or 0), layer=plan.layer_of(name),
+                                  url=str(wheel.get("url") or "")))
     return tuple(sorted(wheels, key=lambda w: (LAYER_ORDER.index(w.layer), w.name)))
 
 

@@ -13,8 +13,8 @@ import shutil
 import sys
 
 from .report import FAIL, PASS, SKIP, WARN, make_check
-from .system import (cuda_home_by_rule, deep_gemm_cuda_home, installed_distributions, interpreter_prefix,
-                     major_minor, parse_nvcc_release, read_text, run_command, same_path)
+from .system import (canonical_name, cuda_home_by_rule, deep_gemm_cuda_home, installed_distributions,
+                     interpreter_prefix, major_minor, parse_nvcc_release, read_text, run_command, same_path)
 
 TOOLCHAIN_DISTRIBUTIONS = (
     "nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-nvvm",
@@ -126,6 +126,10 @@ def check_cuda_home(expect: dict) -> dict:
     evidence = {"expected": expected, "found": found, "env": {
         key: os.environ.get(key) for key in ("CUDA_HOME", "CUDA_PATH")}, "which_nvcc": shutil.which("nvcc")}
     homes = {consumer: result["home"] for consumer, result in found.items()}
+    if not any(homes.values()):
+        cause, fix = no_home_cause()
+        return make_check("cuda-home", FAIL, f"no consumer finds a CUDA home: {cause}; fix: {fix}",
+                          cause=cause, fix=fix, **evidence)
     if expected:
         wrong = {consumer: home for consumer, home in homes.items() if not same_path(home, expected)}
         if wrong:
@@ -137,6 +141,46 @@ def check_cuda_home(expect: dict) -> dict:
         return make_check("cuda-home", PASS, f"deep_gemm, FlashInfer and torch all find {first}", **evidence)
     return make_check("cuda-home", FAIL, "consumers disagree: " + ", ".join(
         f"{consumer} finds {home}" for consumer, home in homes.items()), **evidence)
+
+
+TOOLCHAIN_FIX = ("the CUDA 13 pip toolchain (cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.* with [cuda] toolkit = "
+                 "\"13.0\"), or a CUDA devel base image pinned by digest")
+
+
+def nvcc_wheels(distributions=None) -> list:
+    """(name, version, the bin/nvcc it installs or None, whether it installs ptxas) of every
+    nvidia-cuda-nvcc* distribution, read from its file list."""
+    import importlib.metadata
+    found = []
+    for dist in distributions if distributions is not None else importlib.metadata.distributions():
+        try:
+            name = canonical_name(dist.metadata["Name"] or "")
+            if not name.startswith("nvidia-cuda-nvcc"):
+                continue
+            files = [str(f) for f in dist.files or ()]
+            nvcc = next((str(dist.locate_file(f)) for f in files if f.endswith("/bin/nvcc")), None)
+            found.append((name, dist.version, nvcc, any(f.endswith("/bin/ptxas") for f in files)))
+        except Exception:  # a broken dist-info must not stop the probe
+            continue
+    return sorted(found)
+
+
+def no_home_cause(distributions=None) -> tuple:
+    """(why no consumer finds a CUDA home, the fix), from the toolchain wheels that are installed."""
+    wheels = nvcc_wheels(distributions)
+    if not wheels:
+        return ("no CUDA toolchain is installed (no nvidia-cuda-nvcc wheel, no nvcc on PATH, no CUDA_HOME, "
+                "CUDA_PATH or /usr/local/cuda)", "ask for one: " + TOOLCHAIN_FIX)
+    carriers = [(name, version, nvcc) for name, version, nvcc, _ in wheels if nvcc]
+    if not carriers:
+        names = ", ".join(f"{name} {version}" for name, version, _, _ in wheels)
+        what = "ptxas only" if all(ptxas for *_, ptxas in wheels) else "no bin/nvcc"
+        return f"{names} is installed but ships no nvcc binary ({what})", TOOLCHAIN_FIX
+    name, version, nvcc = carriers[0]
+    return (f"{name} {version} has nvcc at {nvcc}, but nothing points at it: no CUDA_HOME or CUDA_PATH, nvcc "
+            "is not on PATH and /usr/local/cuda does not exist",
+            f"set CUDA_HOME={os.path.dirname(os.path.dirname(nvcc))} (imagebuild's images link /usr/local/cuda "
+            "to it when the recipe has a [cuda] table)")
 
 
 def inspect_toolkit(home: str) -> dict:

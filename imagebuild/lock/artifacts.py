@@ -1,0 +1,177 @@
+"""Facts read from the locked wheels themselves, at lock time, without downloading whole wheels.
+
+For every locked wheel its file list (RECORD) and METADATA are read with ranged requests
+(remote_wheel.py; cached by the lock's sha256, so a relock of the same wheels reads nothing). From
+them come the facts no hand table should hold:
+
+    overlaps       paths two distributions both install (the later install silently wins)
+    torch_cuda     the CUDA a torch wheel was built for: its nvidia-cuda-runtime requirement
+    nvcc_carriers  which toolchain wheels really ship an nvcc binary (cu12 nvcc wheels ship ptxas only)
+    requires       what each wheel requires of the locked torch (torchvision, torchaudio)
+
+compat.py turns them into findings; nothing here judges.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from imagebuild.knowledge.cuda import CudaVersion
+from imagebuild.lock.lockfile import LockedWheel
+from imagebuild.lock.remote_wheel import WheelError, wheel_files
+from imagebuild.payload.prune import matches
+
+METADATA, RECORD = "*.dist-info/METADATA", "*.dist-info/RECORD"
+_CUDA_RUNTIME = re.compile(r"nvidia-cuda-runtime(?:-cu(\d+))?")
+READERS = 16  # wheels read at once
+
+
+@dataclass(frozen=True)
+class Overlap:
+    path: str  # relative to site-packages, as RECORD writes it
+    owners: tuple[str, ...]  # distribution names, in install order
+    same: bool  # every owner's copy has the same sha256
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "owners": list(self.owners), "same": self.same}
+
+
+@dataclass(frozen=True)
+class WheelFacts:
+    name: str
+    version: str
+    files: dict[str, str]  # RECORD path -> "sha256=..." ("" when RECORD gives none)
+    requires: tuple[str, ...]  # Requires-Dist lines as written
+
+
+@dataclass
+class Artifacts:
+    wheels: dict[str, WheelFacts] = field(default_factory=dict)
+    unread: dict[str, str] = field(default_factory=dict)  # name -> why it could not be read
+
+    def torch_cuda(self) -> tuple[CudaVersion, str] | None:
+        """The CUDA torch's wheel asks for (its nvidia-cuda-runtime requirement), and the requirement."""
+        torch = self.wheels.get("torch")
+        return runtime_cuda(torch.requires) if torch else None
+
+    def nvcc_carriers(self) -> dict[str, bool]:
+        """nvidia-cuda-nvcc* distribution -> whether its files hold an nvcc binary (bin/nvcc)."""
+        return {name: any(path.endswith("/bin/nvcc") for path in facts.files)
+                for name, facts in self.wheels.items() if name.startswith("nvidia-cuda-nvcc")}
+
+    def requires_of(self, name: str, dependency: str) -> list[Requirement]:
+        """What a wheel requires of a dependency in the image (Linux, no extras asked for)."""
+        facts = self.wheels.get(name)
+        return [r for r in _requirements(facts.requires if facts else ())
+                if canonicalize_name(r.name) == dependency and applies(r)]
+
+    def overlaps(self, order: Iterable[str], removed: Mapping[str, Sequence[str]] | None = None) -> list[Overlap]:
+        """Paths installed by more than one distribution, in the order the image installs them.
+        Each distribution's own dist-info folder is its own and never overlaps, and a path a recipe's
+        [[prune]] removes from a distribution (`removed`: name -> globs) is no longer its."""
+        removed = removed or {}
+        owners: dict[str, list[tuple[str, str]]] = {}
+        for name in order:
+            facts = self.wheels.get(name)
+            if facts is None:
+                continue
+            globs = removed.get(name, ())
+            for path, digest in facts.files.items():
+                if ".dist-info/" in path or any(matches(glob, path) for glob in globs):
+                    continue
+                owners.setdefault(path, []).append((name, digest))
+        found = []
+        for path, holders in sorted(owners.items()):
+            if len(holders) > 1:
+                digests = {digest for _, digest in holders}
+                found.append(Overlap(path, tuple(name for name, _ in holders), len(digests) == 1 and "" not in digests))
+        return found
+
+
+def _requirements(lines: Iterable[str]) -> list[Requirement]:
+    parsed = []
+    for line in lines:
+        try:
+            parsed.append(Requirement(line))
+        except InvalidRequirement:
+            continue
+    return parsed
+
+
+IMAGE_MARKERS = {"platform_system": "Linux", "sys_platform": "linux", "os_name": "posix", "extra": ""}
+
+
+def applies(requirement: Requirement) -> bool:
+    """Whether a Requires-Dist line applies in the image: Linux, and no extra asked for."""
+    try:
+        return requirement.marker is None or requirement.marker.evaluate(IMAGE_MARKERS)
+    except Exception:  # a marker packaging cannot evaluate: not ours to judge
+        return False
+
+
+def runtime_cuda(requires: Iterable[str]) -> tuple[CudaVersion, str] | None:
+    """The CUDA major.minor of an nvidia-cuda-runtime(-cuNN) pin among these requirements (Linux)."""
+    for requirement in _requirements(requires):
+        if not _CUDA_RUNTIME.fullmatch(canonicalize_name(requirement.name)):
+            continue
+        if not applies(requirement):
+            continue
+        for spec in requirement.specifier:
+            parts = spec.version.split(".")
+            if spec.operator in ("==", "===", "~=", ">=") and len(parts) >= 2 and all(p.isdigit() for p in parts[:2]):
+                return CudaVersion(int(parts[0]), int(parts[1])), str(requirement)
+    return None
+
+
+def parse_record(text: str) -> dict[str, str]:
+    """RECORD (CSV: path,hash,size) -> path -> hash; unreadable lines are skipped."""
+    files = {}
+    for row in csv.reader(text.splitlines()):
+        if row and row[0]:
+            files[row[0]] = row[1] if len(row) > 1 else ""
+    return files
+
+
+def parse_metadata(text: str) -> tuple[str, ...]:
+    return tuple(HeaderParser().parsestr(text).get_all("Requires-Dist") or ())
+
+
+def read_artifacts(wheels: Iterable[LockedWheel], cache: Path,
+                   progress: Callable[[str], None] = lambda _: None) -> Artifacts:
+    """METADATA and RECORD of every locked wheel (from where the resolver found it); one that cannot
+    be read is noted, never guessed at."""
+    wheels = [w for w in wheels if w.url]  # a lock read back from disk has no URLs: nothing to read
+
+    def read(wheel: LockedWheel):
+        try:
+            got = wheel_files(wheel.url, wheel.sha256, cache=cache, members=(METADATA, RECORD))
+        except WheelError as err:
+            return wheel, None, str(err)
+        record, metadata = got.members.get(RECORD), got.members.get(METADATA)
+        if record is None or metadata is None:
+            return wheel, None, "the wheel has no RECORD or METADATA"
+        return wheel, WheelFacts(wheel.name, wheel.version, parse_record(_text(record)),
+                                 parse_metadata(_text(metadata))), ""
+
+    found = Artifacts()
+    progress(f"reading the file lists of {len(wheels)} wheels")
+    with ThreadPoolExecutor(READERS) as pool:
+        for wheel, facts, why in pool.map(read, wheels):
+            if facts is None:
+                found.unread[wheel.name] = why
+            else:
+                found.wheels[wheel.name] = facts
+    return found
+
+
+def _text(data: bytes | str) -> str:
+    return data if isinstance(data, str) else data.decode("utf-8", "replace")

@@ -1,0 +1,198 @@
+"""Facts read from the locked wheels (lock/artifacts.py) and the rules over them (compat.check_artifacts).
+
+The real-release tests read real wheels from the index with ranged requests: torch's CUDA from its
+METADATA (a CUDA 12.8 PyPI build and a CUDA 13.0 one), nvcc in the pip toolchain wheels (the cu12
+ones ship ptxas only; the CUDA 13 ones carry nvcc: previous, pinned and newest), and a real file
+overlap (opencv-python beside opencv-python-headless). Each rule has a negative control.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from packaging.requirements import Requirement
+
+from imagebuild import pipeline
+from imagebuild.compat import check_artifacts, check_overlaps, has_errors
+from imagebuild.errors import FindingsFailed
+from imagebuild.knowledge.cuda import CudaVersion
+from imagebuild.lock.artifacts import Artifacts, Overlap, WheelFacts, parse_metadata, parse_record, runtime_cuda
+
+CU130, CU128 = CudaVersion(13, 0), CudaVersion(12, 8)
+
+
+def facts(name: str, files: dict[str, str], requires: tuple[str, ...] = ()) -> WheelFacts:
+    return WheelFacts(name, "1.0", files, requires)
+
+
+# ---------------------------------------------------------------- pure: parsing and rules
+
+def test_runtime_cuda_reads_the_nvidia_cuda_runtime_pin_for_linux():
+    assert runtime_cuda(['nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Linux"', "filelock"]) == \
+        (CU128, 'nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Linux"')
+    assert runtime_cuda(["nvidia-cuda-runtime==13.0.96"])[0] == CU130
+    assert runtime_cuda(['nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Windows"']) is None
+    assert runtime_cuda(["filelock", "not a requirement ((("]) is None  # a CPU build names none
+
+
+def test_record_and_metadata_parse_what_wheels_write():
+    record = 'torch/__init__.py,sha256=abc,123\n"a,b.py",sha256=def,1\ntorch-2.9.1.dist-info/RECORD,,\n'
+    assert parse_record(record) == {"torch/__init__.py": "sha256=abc", "a,b.py": "sha256=def",
+                                    "torch-2.9.1.dist-info/RECORD": ""}
+    assert parse_metadata("Name: x\nRequires-Dist: a\nRequires-Dist: b>=1\n\nbody") == ("a", "b>=1")
+
+
+def test_overlaps_ignore_each_wheels_own_dist_info_and_tell_same_from_different():
+    found = Artifacts(wheels={
+        "opencv-python": facts("opencv-python", {"cv2/__init__.py": "sha256=a", "cv2/cv2.so": "sha256=b",
+                                                 "opencv_python-4.dist-info/RECORD": ""}),
+        "opencv-python-headless": facts("opencv-python-headless", {"cv2/__init__.py": "sha256=a",
+                                                                   "cv2/cv2.so": "sha256=c"}),
+        "nvidia-a": facts("nvidia-a", {"nvidia/__init__.py": "sha256=e"}),
+        "nvidia-b": facts("nvidia-b", {"nvidia/__init__.py": "sha256=e"})})
+    overlaps = found.overlaps(["nvidia-a", "nvidia-b", "opencv-python", "opencv-python-headless"])
+    assert overlaps == [Overlap("cv2/__init__.py", ("opencv-python", "opencv-python-headless"), True),
+                        Overlap("cv2/cv2.so", ("opencv-python", "opencv-python-headless"), False),
+                        Overlap("nvidia/__init__.py", ("nvidia-a", "nvidia-b"), True)]
+    findings = check_overlaps(overlaps)
+    assert [(f.severity, f.rule) for f in findings] == [("note", "file-overlap-identical"),
+                                                        ("error", "file-overlap"),
+                                                        ("note", "file-overlap-identical")]
+    error = findings[1]
+    assert error.message.startswith("opencv-python and opencv-python-headless install 1 path(s) with different")
+    assert error.evidence == "cv2/cv2.so" and 'exclude = ["opencv-python-headless"]' in error.fix
+
+
+def test_an_overlap_without_hashes_is_never_called_identical():
+    found = Artifacts(wheels={"a": facts("a", {"x.py": ""}), "b": facts("b", {"x.py": ""})})
+    assert found.overlaps(["a", "b"]) == [Overlap("x.py", ("a", "b"), False)]
+
+
+def test_torch_built_for_another_cuda_is_an_error_and_the_same_cuda_is_not():
+    packages = {"torch": "2.9.1"}
+    (finding,) = check_artifacts(CU130, packages, torch_cuda=(CU128, "nvidia-cuda-runtime-cu12==12.8.90"))
+    assert finding.rule == "torch-cuda-mismatch" and "built for CUDA 12.8, not the image's CUDA 13.0" in finding.message
+    assert check_artifacts(CU128, packages, torch_cuda=(CU128, "nvidia-cuda-runtime-cu12==12.8.90")) == []
+    assert check_artifacts(None, packages, torch_cuda=(CU128, "x")) == []  # no CUDA asked for: nothing to match
+
+
+def test_a_toolchain_without_nvcc_is_an_error_naming_the_fix():
+    (finding,) = check_artifacts(CU128, {"nvidia-cuda-nvcc-cu12": "12.8.93"}, nvcc={"nvidia-cuda-nvcc-cu12": False})
+    assert finding.rule == "toolchain-without-nvcc" and "ships no nvcc binary" in finding.message
+    assert "cuda-toolkit[nvcc" in finding.fix and "@sha256:" in finding.fix
+    assert check_artifacts(CU130, {}, nvcc={"nvidia-cuda-nvcc": True}) == []
+    assert check_artifacts(CU130, {}, nvcc={"nvidia-cuda-nvcc-cu12": False, "nvidia-cuda-nvcc": True}) == []
+
+
+def test_cuda12_builds_in_a_cuda13_image_are_named():
+    (finding,) = check_artifacts(CU130, {"nvidia-cutlass-dsl-libs-cu12": "4.3.0", "torch": "2.14.1"})
+    assert finding.rule == "cuda12-build" and 'exclude = ["nvidia-cutlass-dsl-libs-cu12"]' in finding.fix
+    assert check_artifacts(CU128, {"nvidia-cutlass-dsl-libs-cu12": "4.3.0"}) == []
+
+
+def test_a_companion_built_for_another_torch_is_an_error():
+    requirements = {"torchvision": [Requirement("torch==2.9.1")]}
+    (finding,) = check_artifacts(CU130, {"torch": "2.8.0", "torchvision": "0.24.1"}, torch_requirements=requirements)
+    assert finding.rule == "torch-companion-mismatch" and "torch==2.9.1" in finding.message
+    assert check_artifacts(CU130, {"torch": "2.9.1+cu130", "torchvision": "0.24.1"},
+                           torch_requirements=requirements) == []  # a local build of that release matches
+
+
+PATHS = st.sampled_from(["a/__init__.py", "a/x.so", "b.py", "nvidia/__init__.py", "x.dist-info/RECORD"])
+
+
+@given(st.dictionaries(st.sampled_from("abcd"), st.dictionaries(PATHS, st.sampled_from(["sha256=1", "sha256=2", ""]))))
+def test_overlaps_of_any_file_lists_are_consistent(lists):
+    found = Artifacts(wheels={name: facts(name, files) for name, files in lists.items()})
+    overlaps = found.overlaps(sorted(lists))
+    for overlap in overlaps:
+        assert len(overlap.owners) > 1 and ".dist-info/" not in overlap.path
+        digests = {lists[o][overlap.path] for o in overlap.owners}
+        assert overlap.same == (len(digests) == 1 and "" not in digests)
+    assert not has_errors(check_overlaps(o for o in overlaps if o.same))
+
+
+# ---------------------------------------------------------------- real releases, real locks
+
+RECIPE = """\
+[image]
+name = "imagebuild-test/artifacts"
+
+[base]
+debian = "bookworm"
+
+[python]
+requirements = {requirements}
+exclude_newer = "2026-11-20T00:00:00Z"
+{cuda}"""
+CUDA = '\n[cuda]\ntoolkit = "{toolkit}"\narchs = ["sm_90"]\nmin_driver = "595.71.05"\n'
+
+
+def lock_findings(write_recipe, requirements: list[str], toolkit: str | None, name: str) -> list:
+    text = RECIPE.format(requirements=repr(requirements).replace("'", '"'),
+                         cuda=CUDA.format(toolkit=toolkit) if toolkit else "")
+    try:
+        return pipeline.lock(write_recipe(text, name)).findings
+    except FindingsFailed as refused:
+        return refused.findings
+
+
+def rules(findings) -> dict:
+    return {f.rule: f for f in findings}
+
+
+def test_torch_from_pypi_is_read_as_cuda_12_8_from_its_own_metadata(write_recipe):
+    """torch 2.9.1's default wheel: no hand-table entry needed, its Requires-Dist says CUDA 12.8."""
+    found = rules(lock_findings(write_recipe, ["torch==2.9.1"], "13.0", "torch-pypi"))
+    mismatch = found["torch-cuda-mismatch"]
+    assert mismatch.severity == "error" and "built for CUDA 12.8, not the image's CUDA 13.0" in mismatch.message
+    assert "nvidia-cuda-runtime-cu12==12.8" in mismatch.evidence and "torch-unknown" not in found
+    # The negative control: the same wheel in a CUDA 12.8 image is fine.
+    assert "torch-cuda-mismatch" not in rules(lock_findings(write_recipe, ["torch==2.9.1"], "12.8", "torch-128"))
+
+
+@pytest.mark.parametrize("pin, toolkit", [("nvidia-cuda-nvcc-cu12==12.8.93", "12.8"),
+                                          ("nvidia-cuda-nvcc-cu12==12.9.86", "12.9")])
+def test_cu12_nvcc_wheels_without_nvcc_are_refused_at_lock(write_recipe, pin, toolkit):
+    found = rules(lock_findings(write_recipe, [pin], toolkit, "nvcc-cu12"))
+    error = found["toolchain-without-nvcc"]
+    assert pin.replace("==", " ") in error.message and "ptxas only" in error.message
+    assert "cuda-toolkit[nvcc" in error.fix
+
+
+@pytest.mark.parametrize("pin", ["nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-nvcc==13.1.115",
+                                 "nvidia-cuda-nvcc==13.5.37"])
+def test_cuda13_nvcc_wheels_carry_nvcc(write_recipe, pin):
+    toolkit = ".".join(pin.split("==")[1].split(".")[:2])
+    findings = lock_findings(write_recipe, [pin], toolkit, "nvcc-13")
+    assert "toolchain-without-nvcc" not in rules(findings)
+
+
+def test_opencv_beside_opencv_headless_is_a_file_overlap_error(write_recipe):
+    found = lock_findings(write_recipe, ["opencv-python==4.10.0.84", "opencv-python-headless==4.10.0.84"], None,
+                          "opencv")
+    (error,) = [f for f in found if f.rule == "file-overlap"]
+    assert error.message.startswith("opencv-python and opencv-python-headless install ")
+    assert "cv2/" in error.evidence and 'exclude = ["opencv-python-headless"]' in error.fix
+    # The negative control: the headless build alone overlaps nothing.
+    assert not [f for f in lock_findings(write_recipe, ["opencv-python-headless==4.10.0.84"], None, "headless")
+                if f.rule.startswith("file-overlap")]
+
+
+def test_the_flagship_lock_has_no_artifact_errors_with_its_prune_and_names_the_overlap_without_it(write_recipe):
+    """The flagship's one real overlap (build_backend.py of flashinfer-python and torch-c-dlpack-ext) is
+    settled by its [[prune]]; without that entry lock refuses it."""
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "sglang-blackwell.toml"
+    text = recipe.read_text().replace('file = "patches/', f'file = "{recipe.parent}/patches/')
+    assert not has_errors(pipeline.lock(write_recipe(text, "flagship")).findings)
+    without = text.replace('package = "torch-c-dlpack-ext"\nremove = ["build_backend.py"]',
+                           'package = "torch-c-dlpack-ext"\nremove = ["torch_c_dlpack_ext/__init__.py"]')
+    assert without != text
+    with pytest.raises(FindingsFailed) as refused:
+        pipeline.lock(write_recipe(without, "flagship-overlap"))
+    (error,) = [f for f in refused.value.findings if f.rule == "file-overlap"]
+    assert error.message.startswith("flashinfer-python and torch-c-dlpack-ext install 1 path(s)")
+    assert error.evidence == "build_backend.py"
