@@ -346,9 +346,19 @@ def check_overlaps(overlaps: Iterable) -> list[Finding]:
     """One finding per set of distributions sharing paths: an error where their copies differ (the
     later install silently wins), a note where they are the same bytes."""
     groups: dict[tuple[tuple[str, ...], bool], list[str]] = {}
-    for overlap in overlaps:
-        groups.setdefault((tuple(overlap.owners), overlap.same), []).append(overlap.path)
     findings = []
+    for overlap in overlaps:
+        if overlap.deleted_by:
+            keepers = " and ".join(overlap.owners)
+            findings.append(Finding(
+                "error", "prune-deletes-shared-file",
+                f"[[prune]] of {overlap.deleted_by} deletes {overlap.path}, which {keepers} installs too: the "
+                f"file is gone for both, and {keepers}'s RECORD names a file the image does not hold.",
+                f"{overlap.path}: installed by {keepers}, then by {overlap.deleted_by}, whose prune removes it",
+                f"prune it from {overlap.owners[0]} instead (installed first), so {overlap.deleted_by}'s copy stays",
+                ARTIFACT_SOURCE, key="prune"))
+            continue
+        groups.setdefault((tuple(overlap.owners), overlap.same), []).append(overlap.path)
     for (owners, same), paths in sorted(groups.items()):
         shown = ", ".join(paths[:SHOWN]) + (f" and {len(paths) - SHOWN} more" if len(paths) > SHOWN else "")
         who = " and ".join(owners)

@@ -40,9 +40,10 @@ class Overlap:
     path: str  # relative to site-packages, as RECORD writes it
     owners: tuple[str, ...]  # distribution names, in install order
     same: bool  # every owner's copy has the same sha256
+    deleted_by: str = ""  # a [[prune]] of this distribution deletes the file another owner keeps
 
     def to_dict(self) -> dict:
-        return {"path": self.path, "owners": list(self.owners), "same": self.same}
+        return {"path": self.path, "owners": list(self.owners), "same": self.same, "deleted_by": self.deleted_by}
 
 
 @dataclass(frozen=True)
@@ -79,21 +80,29 @@ class Artifacts:
         Each distribution's own dist-info folder is its own and never overlaps, and a path a recipe's
         [[prune]] removes from a distribution (`removed`: name -> globs) is no longer its."""
         removed = removed or {}
-        owners: dict[str, list[tuple[str, str]]] = {}
+        owners: dict[str, list[tuple[str, str, bool]]] = {}  # path -> (name, digest, pruned), install order
         for name in order:
             facts = self.wheels.get(name)
             if facts is None:
                 continue
             globs = removed.get(name, ())
             for path, digest in facts.files.items():
-                if ".dist-info/" in path or any(matches(glob, path) for glob in globs):
-                    continue
-                owners.setdefault(path, []).append((name, digest))
+                if ".dist-info/" not in path:
+                    owners.setdefault(path, []).append((name, digest, any(matches(g, path) for g in globs)))
         found = []
         for path, holders in sorted(owners.items()):
-            if len(holders) > 1:
-                digests = {digest for _, digest in holders}
-                found.append(Overlap(path, tuple(name for name, _ in holders), len(digests) == 1 and "" not in digests))
+            if len(holders) < 2:
+                continue
+            # A prune deletes the file where it lies, whoever wrote it last: replay the installs.
+            present, deleted_by = None, ""
+            for name, _, pruned in holders:
+                present, deleted_by = (None, name) if pruned else (name, "")
+            kept = [(name, digest) for name, digest, pruned in holders if not pruned]
+            if present is None and kept:
+                found.append(Overlap(path, tuple(name for name, _ in kept), False, deleted_by))
+            elif len(kept) > 1:
+                digests = {digest for _, digest in kept}
+                found.append(Overlap(path, tuple(name for name, _ in kept), len(digests) == 1 and "" not in digests))
         return found
 
 

@@ -66,6 +66,15 @@ def test_overlaps_ignore_each_wheels_own_dist_info_and_tell_same_from_different(
     assert error.evidence == "cv2/cv2.so" and 'exclude = ["opencv-python-headless"]' in error.fix
 
 
+def test_a_prune_deleting_a_file_another_distribution_keeps_is_an_error():
+    found = Artifacts(wheels={"early": facts("early", {"x.py": "sha256=1"}), "late": facts("late", {"x.py": "sha256=2"})})
+    (deleted,) = found.overlaps(["early", "late"], removed={"late": ["x.py"]})
+    assert deleted == Overlap("x.py", ("early",), False, "late")
+    (finding,) = check_overlaps([deleted])
+    assert finding.rule == "prune-deletes-shared-file" and finding.fix.startswith("prune it from early instead")
+    assert found.overlaps(["early", "late"], removed={"early": ["x.py"]}) == []  # the right way round
+
+
 def test_an_overlap_without_hashes_is_never_called_identical():
     found = Artifacts(wheels={"a": facts("a", {"x.py": ""}), "b": facts("b", {"x.py": ""})})
     assert found.overlaps(["a", "b"]) == [Overlap("x.py", ("a", "b"), False)]
@@ -188,11 +197,17 @@ def test_the_flagship_lock_has_no_artifact_errors_with_its_prune_and_names_the_o
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "sglang-blackwell.toml"
     text = recipe.read_text().replace('file = "patches/', f'file = "{recipe.parent}/patches/')
     assert not has_errors(pipeline.lock(write_recipe(text, "flagship")).findings)
-    without = text.replace('package = "torch-c-dlpack-ext"\nremove = ["build_backend.py"]',
-                           'package = "torch-c-dlpack-ext"\nremove = ["torch_c_dlpack_ext/__init__.py"]')
-    assert without != text
+    entry = 'package = "flashinfer-python"\nremove = ["build_backend.py"]'
+    assert entry in text
     with pytest.raises(FindingsFailed) as refused:
-        pipeline.lock(write_recipe(without, "flagship-overlap"))
+        pipeline.lock(write_recipe(text.replace(entry, entry.replace("build_backend.py", "no_such.py")), "overlap"))
     (error,) = [f for f in refused.value.findings if f.rule == "file-overlap"]
     assert error.message.startswith("flashinfer-python and torch-c-dlpack-ext install 1 path(s)")
     assert error.evidence == "build_backend.py"
+    # Pruning it from the one installed later would delete the file for both: refused too.
+    later = text.replace(entry, entry.replace("flashinfer-python", "torch-c-dlpack-ext"))
+    with pytest.raises(FindingsFailed) as refused:
+        pipeline.lock(write_recipe(later, "overlap-later"))
+    (error,) = [f for f in refused.value.findings if f.rule == "prune-deletes-shared-file"]
+    assert "[[prune]] of torch-c-dlpack-ext deletes build_backend.py, which flashinfer-python installs" in error.message
+    assert error.fix.startswith("prune it from flashinfer-python instead")
