@@ -86,9 +86,10 @@ class BuildReport:
     smoke: SmokeReport | None
     lock_path: str
     findings: list = field(default_factory=list)
+    reused: bool = False  # an image built from this lock was already in the engine: no build ran
 
     def to_dict(self) -> dict:
-        return {"recipe": self.recipe, "image": self.image, "image_id": self.image_id,
+        return {"recipe": self.recipe, "image": self.image, "image_id": self.image_id, "reused": self.reused,
                 "size_bytes": self.size, "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
                 "lock": self.lock_path, "smoke": self.smoke.to_dict() if self.smoke else None,
                 "findings": [f.to_dict() for f in self.findings]}
@@ -303,10 +304,12 @@ def explain_build_failure(failure: BuildFailed, recipe: Recipe, locked: Lock) ->
 def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = None,
           relock: bool = False, run_smoke: bool = True, ca: str | None = None,
           keep_failed: bool = False, gpus: bool | None = None, tag: str | None = None,
-          progress: Progress = _quiet) -> BuildReport:
-    """check -> lock (fresh or refused) -> base -> render -> build untagged -> smoke -> tag.
-    `tag` replaces the recipe's NAME:TAG (tests build under names of their own)."""
-    from imagebuild.render import render_context
+          rebuild: bool = False, progress: Progress = _quiet) -> BuildReport:
+    """check -> lock (fresh or refused) -> [reuse] -> base -> render -> build untagged -> smoke -> tag.
+    `tag` replaces the recipe's NAME:TAG (tests build under names of their own). An image the engine
+    already holds from this very lock (its io.imagebuild.lock.sha256 label) is reused, not rebuilt:
+    the lock's digest covers everything that decides the image; `rebuild` builds anyway."""
+    from imagebuild.render import LABEL_PREFIX, render_context
     timings: dict[str, float] = {}
     clock = time.monotonic()
     recipe = load_recipe(recipe_path)
@@ -321,6 +324,12 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     engine.check()
     timings["lock"] = time.monotonic() - clock
 
+    reused = None if rebuild else engine.find_labelled(f"{LABEL_PREFIX}.lock.sha256", current.sha256)
+    if reused:
+        progress(f"reusing {reused}: the engine holds an image built from this lock ({current.sha256[:12]}…)")
+        return _smoke_and_tag(reused, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
+                              keep_failed=keep_failed, gpus=gpus, reused=True, progress=progress)
+
     clock = time.monotonic()
     ensure_base_image(current.base, recipe.base, engine, progress)
     timings["base"] = time.monotonic() - clock
@@ -334,7 +343,14 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     except BuildFailed as failure:
         raise explain_build_failure(failure, recipe, current) from None
     timings["build"] = time.monotonic() - clock
+    return _smoke_and_tag(image_id, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
+                          keep_failed=keep_failed, gpus=gpus, reused=False, progress=progress)
 
+
+def _smoke_and_tag(image_id: str, recipe: Recipe, path: Path, tag: str | None, findings: list, timings: dict,
+                   engine: Engine, *, run_smoke: bool, keep_failed: bool, gpus: bool | None, reused: bool,
+                   progress: Progress) -> BuildReport:
+    """Smoke (or its recorded result for this image id), then tag; a failed smoke tags nothing."""
     ref = tag or f"{recipe.name}:{recipe.tag}"
     report = None
     if run_smoke:
@@ -353,4 +369,4 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     engine.tag(image_id, ref)
     info = engine.inspect(image_id)
     return BuildReport(str(recipe.path), ref, image_id, info.size if info else 0, timings, report,
-                       str(path), findings)
+                       str(path), findings, reused=reused)

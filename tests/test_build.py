@@ -176,3 +176,36 @@ def test_a_failed_build_step_is_one_error_naming_the_step_and_its_cause(engine, 
     assert as_text.returncode == 1 and "Traceback" not in as_text.stderr
     assert "error: [[prune]] failed in the application layer: prune: error:" in as_text.stderr
     assert engine.inspect(ref) is None
+
+
+class CountingEngine(DockerEngine):
+    """The real Docker engine, counting the builds it is asked for."""
+
+    builds = 0
+
+    def build(self, *args, **kwargs):
+        self.builds += 1
+        return super().build(*args, **kwargs)
+
+
+def test_an_image_from_the_same_lock_is_reused_without_a_build_and_rebuild_forces_one(engine, cleanup):
+    first = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/reuse-a:{os.getpid()}")
+    cleanup.append(first.image)
+    counting = CountingEngine()
+    second = pipeline.build(RECIPE, counting, tag=f"imagebuild-test/reuse-b:{os.getpid()}")
+    cleanup.append(second.image)
+    assert (second.reused, counting.builds, second.image_id) == (True, 0, first.image_id)
+    assert second.smoke.cached and "build" not in second.seconds  # the smoke result on record for the id
+    assert engine.inspect(second.image).labels["io.imagebuild.lock.sha256"] == read_lock(
+        REPO / "lockfiles" / "cuda-toolchain.lock").sha256
+    third = pipeline.build(RECIPE, counting, tag=f"imagebuild-test/reuse-c:{os.getpid()}", rebuild=True)
+    cleanup.append(third.image)
+    assert (third.reused, counting.builds) == (False, 1)
+
+
+def test_a_changed_lock_is_not_reused(engine, write_recipe, cleanup):
+    recipe = _copy_recipe(write_recipe, f"reuse-env-{os.getpid()}", env_extra='IMAGEBUILD_TEST_MARK = "1"\n')
+    counting = CountingEngine()
+    report = pipeline.build(recipe, counting, run_smoke=False)
+    cleanup.append(report.image)
+    assert (report.reused, counting.builds) == (False, 1)

@@ -86,6 +86,8 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
                      "secret (default: $IMAGEBUILD_CA_BUNDLE, $SSL_CERT_FILE, Debian's bundle)")
     cmd.add_argument("--engine", default="docker", choices=["docker", "buildah"])
     cmd.add_argument("--no-gpus", action="store_true", help="smoke-test without GPUs even where they are visible")
+    cmd.add_argument("--rebuild", action="store_true",
+                     help="build even when the engine holds an image built from this very lock")
     cmd.add_argument("--tag", metavar="NAME:TAG", type=image_ref,
                      help="tag the image NAME:TAG instead of the recipe's [image] name and tag")
 
@@ -159,7 +161,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             report = pipeline.build(args.recipe, engine, lock_path=args.lock, relock=args.relock,
                                     run_smoke=not args.no_smoke, ca=args.ca_bundle,
                                     keep_failed=args.keep_failed, gpus=False if args.no_gpus else None,
-                                    tag=args.tag, progress=progress)
+                                    tag=args.tag, rebuild=args.rebuild, progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
         else:
@@ -168,7 +170,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                 out.print(line(f"smoke test{' (cached result for this image id)' if report.smoke.cached else ''}:"))
                 print_smoke(out, report.smoke.report)
             times = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
-            out.print(line(("built", "green"), " ", report.image, "  ", report.image_id,
+            out.print(line(("reused" if report.reused else "built", "green"), " ", report.image, "  ", report.image_id,
                            f"  {report.size / 1e9:.2f} GB  ({times})"))
         return EXIT_OK
 

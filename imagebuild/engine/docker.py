@@ -129,6 +129,12 @@ class DockerEngine(Engine):
         finally:
             container.remove(force=True)
 
+    def find_labelled(self, key: str, value: str) -> str | None:
+        self.check()
+        images = self.client.api.images(filters={"label": f"{key}={value}"})
+        newest = max(images, key=lambda image: image.get("Created") or 0, default=None)
+        return newest["Id"] if newest else None
+
     def inspect(self, ref: str) -> ImageInfo | None:
         try:
             data = self.client.api.inspect_image(ref)
