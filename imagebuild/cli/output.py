@@ -68,7 +68,8 @@ def print_findings(console: Console, findings: Iterable) -> None:
             console.print(line((f"  {label}: ", "dim"), (literal(value), "dim")))
 
 
-_MARKS = {"pass": ("pass", "green"), "fail": ("FAIL", "red"), "skip": ("skip", "dim"), "warn": ("warn", "yellow")}
+_MARKS = {"pass": ("pass", "green"), "fail": ("FAIL", "red"), "skip": ("skip", "dim"), "warn": ("warn", "yellow"),
+          "unknown": ("unknown", "yellow")}
 
 
 def status_mark(status: object):

@@ -78,40 +78,6 @@ def test_string_scan_finds_nul_terminated_printable_runs():
     assert probe.scan_strings(None) == []
 
 
-# Literals as they sit in sgl-deep-gemm 0.2.3.post2's _C.so, with neighbours that must not count.
-C_SO_STRINGS = [
-    "--ptxas-options=--register-usage-level={}", "--gpu-architecture=sm_", "--use_fast_math",
-    "--cubin", "-std=c++{}", "-gencode=arch=compute_120f,code=sm_120f", "--compiler-options=-O",
-    "--compiler-options=-fPIC", "--compiler-options=-fconcepts", "--expt-relaxed-constexpr",
-    "--expt-extended-lambda", "--diag-suppress=39,161,174,177,186,940",
-    "--compiler-options=-Wno-deprecated-declarations,-Wno-abi", "--ptxas-options=--verbose",
-    "-inf", "->mn", "CUDA architecture must be specified", "cuobjdump did not produce valid SASS for {}",
-]
-
-
-def test_jit_flags_keep_the_always_on_options_and_fill_placeholders():
-    jit = probe.select_jit_flags(C_SO_STRINGS, environ={})
-    assert jit["gencode"] == "-gencode=arch=compute_120f,code=sm_120f"
-    assert jit["arch"] == "120f"
-    assert jit["filled"] == {"-std=c++{}": "20", "--ptxas-options=--register-usage-level={}": "10"}
-    assert set(jit["flags"]) == {
-        "--ptxas-options=--register-usage-level=10", "--gpu-architecture=sm_120f", "-O3",
-        "--compiler-options=-O3", "-std=c++20", "--compiler-options=-fPIC", "--compiler-options=-fconcepts",
-        "--expt-relaxed-constexpr", "--expt-extended-lambda", "--diag-suppress=39,161,174,177,186,940",
-        "--compiler-options=-Wno-deprecated-declarations,-Wno-abi", "-gencode=arch=compute_120f,code=sm_120f",
-    }
-    assert set(jit["conditional"]) == {"--use_fast_math", "--ptxas-options=--verbose"}
-    assert jit["cubin_flag"] == "--cubin"
-
-
-def test_jit_flags_honour_the_cpp_standard_override_and_report_a_missing_gencode():
-    jit = probe.select_jit_flags(["-std=c++{}", "--expt-relaxed-constexpr"], environ={"DG_JIT_CPP_STANDARD": "17"})
-    assert jit["flags"] == ["-std=c++17", "--expt-relaxed-constexpr"]
-    assert jit["gencode"] is None and jit["arch"] is None
-    upstream = probe.select_jit_flags(["-gencode=arch=compute_100f,code=sm_100f", "--gpu-architecture=sm_"])
-    assert upstream["gencode"] is None and upstream["flags"] == []
-
-
 VALID_EXPECT = {
     "python": {"executable": "/opt/venv/bin/python", "version": "3.11"},
     "packages": {"Sgl_Deep.GEMM": "0.2.3.post2", "nvidia-cuda-nvcc": "13.0.88"},
@@ -157,12 +123,6 @@ def test_cubin_parser_never_raises(data):
 @given(st.binary(max_size=2048))
 def test_string_scanner_never_raises(data):
     assert all(text.isprintable() and len(text) >= 3 for text in probe.scan_strings(data))
-
-
-@given(st.lists(st.text(max_size=60) | st.sampled_from(C_SO_STRINGS), max_size=30))
-def test_jit_flag_selection_never_raises(strings):
-    jit = probe.select_jit_flags(strings, environ={})
-    assert all(isinstance(flag, str) and flag.startswith("-") for flag in jit["flags"])
 
 
 json_values = st.recursive(
@@ -391,20 +351,12 @@ def test_deep_gemm_kernels_compile_to_sm120_cubins(passing_run):
     for kernel in kernels.values():
         assert kernel["elf"]["machine"] == 190 and kernel["elf"]["arch"] == 120
         assert kernel["kernel_symbol"] and kernel["seconds"] > 0
-    assert "-gencode=arch=compute_120f,code=sm_120f" in evidence["jit"]["flags"]
-    assert "-std=c++20" in evidence["jit"]["flags"]
+    flags = [flag["flag"] for flag in evidence["jit"]["sm_120"]["flags"]]
+    assert {"--gpu-architecture=sm_120f", "-std=c++20", "--expt-relaxed-constexpr"} <= set(flags)
 
 
 def test_compile_scratch_is_removed_but_workdir_kept(passing_run):
     assert passing_run.workdir.is_dir() and list(passing_run.workdir.iterdir()) == []
-
-
-def test_jit_flags_come_from_the_installed_library(cuda_venv):
-    jit = probe.select_jit_flags(probe.scan_strings((cuda_venv.site / "deep_gemm" / "_C.so").read_bytes()), environ={})
-    assert jit["gencode"] == "-gencode=arch=compute_120f,code=sm_120f"
-    assert {"-std=c++20", "--expt-relaxed-constexpr", "--expt-extended-lambda",
-            "--diag-suppress=39,161,174,177,186,940"} <= set(jit["flags"])
-    assert jit["unfilled"] == []
 
 
 def test_wrong_toolkit_fails_the_toolchain_check(cuda_venv, tmp_path):
@@ -462,8 +414,8 @@ def test_python3_on_path_outside_the_venv_fails_the_interpreter_check(cuda_venv,
     assert "`python3` on PATH is" in check["detail"]
 
 
-def test_deep_gemm_without_an_sm120_gencode_fails_clearly(cuda_venv, tmp_path):
-    """A deep_gemm whose JIT only targets SM100 (its _C.so with the gencode literal rewritten), found first."""
+def test_deep_gemm_without_sm120_kernels_fails_clearly(cuda_venv, tmp_path):
+    """A deep_gemm whose JIT has no SM120 kernels (its _C.so's source templates renamed to SM100), found first."""
     real = cuda_venv.site / "deep_gemm"
     fake = tmp_path / "shadow" / "deep_gemm"
     fake.mkdir(parents=True)
@@ -471,13 +423,13 @@ def test_deep_gemm_without_an_sm120_gencode_fails_clearly(cuda_venv, tmp_path):
         shutil.copy(real / name, fake / name)
     (fake / "include").symlink_to(real / "include")
     library = (real / "_C.so").read_bytes()
-    assert b"compute_120f,code=sm_120f" in library
-    (fake / "_C.so").write_bytes(library.replace(b"compute_120f,code=sm_120f", b"compute_100f,code=sm_100f"))
+    assert b"&sm120_bf16_gemm_impl<" in library
+    (fake / "_C.so").write_bytes(library.replace(b"&sm120_", b"&sm100_"))
     status, report = run_cli(cuda_venv.python, "--expect", write_expect(cuda_venv, tmp_path),
                              env=venv_env(cuda_venv, PYTHONPATH=str(fake.parent)))
     check = check_named(report, "deep-gemm-sm120")
     assert status == 1 and check["status"] == "fail"
-    assert "has no SM120 gencode" in check["detail"] and str(fake) in check["detail"]
+    assert "no source template for sm120_bf16_gemm_impl" in check["detail"] and str(fake) in check["detail"]
 
 
 # ---- the ML stack tiers (the real torch / FlashInfer runs are in tests/test_flagship.py) ----

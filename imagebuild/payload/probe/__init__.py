@@ -10,6 +10,8 @@ Each check is a small function returning a plain dict.
     expect.py         expect.json, the renderer's promise the checks hold the image to
     toolchain.py      checks: interpreter, packages, cuda-toolchain, cuda-home
     deep_gemm.py      check: deep-gemm-sm120 (kernels compiled the way deep_gemm's JIT would)
+      deep_gemm_release.py  what the installed release compiles: kernel headers, template parameters, flags
+      cxx_source.py         just enough C++ reading for that
     stack.py          checks: imports, torch-cuda, flashinfer-dynamo, gpu
     cli.py            run_probe and the command line (--expect, or --doctor)
     doctor.py         doctor mode: gather the facts, make the findings
@@ -25,7 +27,9 @@ The names below are what imagebuild (doctor.py) and the tests use.
 
 from .cli import main, run_probe
 from .consumers import cuda_version_is_patched
-from .deep_gemm import EM_CUDA, SM120, check_deep_gemm_sm120, parse_cubin_header, scan_strings, select_jit_flags
+from .deep_gemm import EM_CUDA, check_deep_gemm_sm120, parse_cubin_header
+from .deep_gemm_release import (SM120, SM120_KERNELS, Unreadable, jit_command, jit_generators, kernel_arguments, kernel_plan,
+                                scan_strings, sm_targets)
 from .doctor import run_doctor
 from .environments import parse_dist_dir
 from .expect import load_expect, validate_expect
@@ -33,17 +37,18 @@ from .findings_cuda import CONSUMER_LABELS, CUDA_VERSIONED, finding_cuda_version
 from .findings_host import finding_gpu_arch
 from .gpus import (arch_number, parse_arch_list, parse_driver_version_file, parse_smi_gpus, parse_torch_version_file,
                    runs_on)
-from .report import ERROR, FAIL, INFO, PASS, SKIP, WARN, WARNING, make_check, make_finding, make_report, shell_fix
+from .report import ERROR, FAIL, INFO, PASS, SKIP, UNKNOWN, WARN, WARNING, make_check, make_finding, make_report, shell_fix
 from .stack import check_flashinfer_dynamo, check_gpu, check_imports, check_torch_cuda
 from .system import canonical_name, major_minor, parse_nvcc_release
 from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter, check_packages
 
 __all__ = [
     "main", "run_probe", "run_doctor", "load_expect", "validate_expect",
-    "PASS", "FAIL", "SKIP", "WARN", "ERROR", "WARNING", "INFO", "make_check", "make_finding", "make_report",
+    "PASS", "FAIL", "SKIP", "WARN", "UNKNOWN", "ERROR", "WARNING", "INFO", "make_check", "make_finding", "make_report",
     "shell_fix", "canonical_name", "major_minor", "parse_nvcc_release",
     "check_interpreter", "check_packages", "check_cuda_toolchain", "check_cuda_home",
-    "EM_CUDA", "SM120", "check_deep_gemm_sm120", "parse_cubin_header", "scan_strings", "select_jit_flags",
+    "EM_CUDA", "SM120", "check_deep_gemm_sm120", "parse_cubin_header", "scan_strings",
+    "SM120_KERNELS", "Unreadable", "jit_command", "jit_generators", "kernel_arguments", "kernel_plan", "sm_targets",
     "check_imports", "check_torch_cuda", "check_flashinfer_dynamo", "check_gpu",
     "parse_dist_dir", "arch_number", "parse_arch_list", "parse_driver_version_file", "parse_smi_gpus",
     "parse_torch_version_file", "runs_on", "cuda_version_is_patched",

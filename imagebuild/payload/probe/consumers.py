@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 
-from .deep_gemm import scan_strings, select_jit_flags
+from .deep_gemm_release import SM120, Unreadable, jit_command, jit_generators
 from .system import (cuda_home_rule, deep_gemm_cuda_home, locate_package, parse_nvcc_release, read_text,
                      run_command, same_path)
 from .toolchain import inspect_toolkit, nvcc_script_target
@@ -111,14 +111,20 @@ def triton_ptxas(package: str | None) -> dict:
 
 
 def deep_gemm_jit_facts(stack: dict) -> dict:
+    """Whether the installed deep_gemm JITs SM120 kernels, and the arch its JIT names for sm_120."""
     package = locate_package("deep_gemm", stack["dirs"])
-    library = os.path.join(package, "_C.so") if package else None
+    facts = {"installed": package is not None, "library": os.path.join(package, "_C.so") if package else None,
+             "sm120_kernels": [], "arch": None, "unreadable": None}
+    if package is None:
+        return facts
     try:
-        with open(library, "rb") as handle:
-            jit = select_jit_flags(scan_strings(handle.read()))
-    except (OSError, TypeError):
-        return {"installed": package is not None, "library": library, "gencode": None, "arch": None}
-    return {"installed": True, "library": library, "gencode": jit["gencode"], "arch": jit["arch"]}
+        command = jit_command(package, SM120)
+    except Unreadable as error:
+        return dict(facts, unreadable=str(error))
+    generators = jit_generators(command.pop("library"))
+    facts["sm120_kernels"] = sorted(kernel for kernel in generators if kernel.startswith("sm120_"))
+    facts["arch"] = command["arch"] if facts["sm120_kernels"] else None
+    return facts
 
 
 def cuda_version_is_patched(source) -> dict:

@@ -108,7 +108,7 @@ def finding_gpu_arch(facts: dict) -> dict:
     caps = sorted({gpu["compute_cap"] for gpu in facts["driver"]["gpus"]} - {None})
     torch, deep_gemm, flashinfer = facts["torch"], facts["deep_gemm_jit"], facts["flashinfer"]
     evidence = {"compute_caps": caps, "torch_archs": torch.get("archs"), "torch_archs_from": torch.get("archs_from"),
-                "deep_gemm_gencode": deep_gemm.get("gencode"), "flashinfer_arch_list": flashinfer.get("arch_list")}
+                "deep_gemm_arch": deep_gemm.get("arch"), "flashinfer_arch_list": flashinfer.get("arch_list")}
     if not caps:
         return make_finding("gpu-arch", SKIP, "no GPU compute capability known (needs nvidia-smi)", **evidence)
     problems, fixes, parts = [], [], []
@@ -126,8 +126,9 @@ def finding_gpu_arch(facts: dict) -> dict:
             if deep_gemm.get("arch") and runs_on(["sm_" + deep_gemm["arch"]], cap):
                 parts.append(f"deep_gemm JITs for sm_{deep_gemm['arch']}")
             else:
-                problems.append(f"deep_gemm's JIT ({deep_gemm.get('library')}) has no SM120 gencode for {sm}")
-                fixes.append("install sgl-deep-gemm (its JIT compiles for compute_120f), not upstream deep_gemm")
+                reason = deep_gemm.get("unreadable") or "no SM120 kernels"
+                problems.append(f"deep_gemm's JIT ({deep_gemm.get('library')}) cannot compile for {sm}: {reason}")
+                fixes.append("install sgl-deep-gemm (its JIT compiles SM120 kernels), not upstream deep_gemm")
         if flashinfer.get("arch_list"):
             targets = flashinfer["arch_list"].split()
             if runs_on(targets, cap) or runs_on([target.rstrip("af") for target in targets], cap):

@@ -12,8 +12,9 @@ import sys
 
 REPORT_FORMAT = 1
 PASS, FAIL, SKIP, WARN = "pass", "fail", "skip", "warn"
+UNKNOWN = "unknown"  # the check could not tell, and says why: neither a pass nor a guess
 ERROR, WARNING, INFO = "error", "warning", "info"
-SEVERITY = {FAIL: ERROR, WARN: WARNING, PASS: INFO, SKIP: INFO}
+SEVERITY = {FAIL: ERROR, WARN: WARNING, UNKNOWN: WARNING, PASS: INFO, SKIP: INFO}
 
 
 def make_check(name: str, status: str, detail: str, **evidence) -> dict:
