@@ -1,0 +1,91 @@
+"""The recipe gallery, proven end to end (slow): each recipe locks without errors, builds, passes its
+smoke test, and is removed. The flagship itself is tests/test_flagship.py; here are vLLM on SM120, the
+SGLang stack for Hopper (sm_90a), and the flagship bench's pin move (sglang 0.5.22 with the FlashInfer
+and deep_gemm releases it pairs with), whose smoke test used to fail on deep_gemm 0.2.2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from imagebuild import compat, pipeline
+from imagebuild.lock import read_lock
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = REPO / "recipes"
+
+
+def test_gallery_locks_hold_no_errors_and_answer_their_findings():
+    """Fast: the committed locks of the gallery are fresh and their recipes check clean."""
+    for name in ("vllm-blackwell", "sglang-hopper"):
+        report = pipeline.check(RECIPES / f"{name}.toml")
+        assert not compat.has_errors(report.findings), [f.message for f in report.findings]
+        lock = read_lock(REPO / "lockfiles" / f"{name}.lock")
+        assert "nvidia-cutlass-dsl-libs-cu12" not in lock.packages
+        assert lock.packages["nvidia-nvjitlink"].startswith("13.0.")
+    vllm = read_lock(REPO / "lockfiles" / "vllm-blackwell.lock")
+    assert int(vllm.packages["cuda-python"].split(".")[0]) >= 13  # not the monolithic 12.x bindings
+
+
+def build_and_smoke(engine, recipe: Path, ref: str) -> dict:
+    report = pipeline.build(recipe, engine, tag=ref, relock=True)
+    try:
+        assert report.smoke.ok
+        return {c["name"]: c for c in report.smoke.report["checks"]}
+    finally:
+        engine.remove(report.image)
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_vllm_on_sm120_builds_and_passes_its_smoke_test(engine, tmp_path):
+    recipe = copy_recipe(tmp_path, "vllm-blackwell")
+    checks = build_and_smoke(engine, recipe, f"imagebuild-test/vllm-blackwell:{os.getpid()}")
+    assert checks["imports"]["status"] == "pass", checks["imports"]["detail"]
+    assert {"vllm", "flashinfer", "torchaudio"} <= set(checks["imports"]["evidence"]["imported"])
+    assert checks["flashinfer-dynamo"]["status"] == "pass", checks["flashinfer-dynamo"]["detail"]
+    assert checks["torch-cuda"]["status"] == "pass"
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_sglang_on_hopper_builds_and_passes_its_smoke_test(engine, tmp_path):
+    recipe = copy_recipe(tmp_path, "sglang-hopper")
+    checks = build_and_smoke(engine, recipe, f"imagebuild-test/sglang-hopper:{os.getpid()}")
+    assert checks["imports"]["status"] == "pass", checks["imports"]["detail"]
+    assert "sgl_kernel.flash_attn" in checks["imports"]["evidence"]["imported"]  # FA3 kept for sm_90a
+    assert checks["flashinfer-dynamo"]["status"] == "pass"
+    # The probe compiles deep_gemm's SM120 kernels only: for an sm_90a recipe it says so.
+    assert checks["deep-gemm-sm120"]["status"] == "skip" and "sm_90a" in checks["deep-gemm-sm120"]["detail"]
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_the_bench_pin_move_passes_its_smoke_test(engine, tmp_path):
+    """sglang 0.5.22 pairs with flashinfer-python 0.7.1 and sgl-deep-gemm 0.2.2 (bench/flagship.py)."""
+    text = (RECIPES / "sglang-blackwell.toml").read_text()
+    text = re.sub(r'"sglang==[^"]+"', '"sglang==0.5.22"', text)
+    text = re.sub(r'"flashinfer-python==[^"]+"', '"flashinfer-python==0.7.1"', text)
+    text = re.sub(r'"sgl-deep-gemm==[^"]+"', '"sgl-deep-gemm==0.2.2"', text)
+    text = text.replace('exclude = ["', 'exclude = ["cuda-tile", "')  # 0.5.22 pins a cuda-tile with no wheel
+    recipe = copy_recipe(tmp_path, "sglang-blackwell", text)
+    checks = build_and_smoke(engine, recipe, f"imagebuild-test/sglang-pin-move:{os.getpid()}")
+    deep_gemm = checks["deep-gemm-sm120"]
+    assert deep_gemm["status"] == "pass" and deep_gemm["evidence"]["version"] == "0.2.2", deep_gemm["detail"]
+    assert checks["flashinfer-dynamo"]["status"] == "pass"
+
+
+def copy_recipe(tmp_path: Path, name: str, text: str | None = None) -> Path:
+    """The recipe under tmp/recipes (its lock goes to tmp/lockfiles), named for tests, patches by path."""
+    text = (RECIPES / f"{name}.toml").read_text() if text is None else text
+    text = re.sub(r'name = "imagebuild/', 'name = "imagebuild-test/', text)
+    text = text.replace('file = "patches/', f'file = "{RECIPES}/patches/')
+    folder = tmp_path / "recipes"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{name}.toml"
+    path.write_text(text)
+    return path
