@@ -11,7 +11,7 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -19,8 +19,9 @@ from imagebuild import compat
 from imagebuild.bases import ensure_base_image, identify
 from imagebuild.common import cache_dir
 from imagebuild.engine import Engine, ImageInfo
-from imagebuild.errors import BuildFailed, FindingsFailed, RecipeError, SmokeFailed
+from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, RecipeError, SmokeFailed
 from imagebuild.lock import Lock, default_lock_path, ensure_fresh, read_lock, resolve_lock, uv_binary, write_lock
+from imagebuild.publish.by_lock import RegistryTarget, find_by_lock, push_by_lock, tag_by_lock
 from imagebuild.recipe.model import DebianBase, Recipe, load_recipe
 
 Progress = Callable[[str], None]
@@ -86,10 +87,12 @@ class BuildReport:
     smoke: SmokeReport | None
     lock_path: str
     findings: list = field(default_factory=list)
-    reused: bool = False  # an image built from this lock was already in the engine: no build ran
+    reused: bool = False  # an image built from this lock was already in the engine or registry: no build ran
+    registry: dict | None = None  # with --registry: where the image is, and whether this run pushed it
 
     def to_dict(self) -> dict:
         return {"recipe": self.recipe, "image": self.image, "image_id": self.image_id, "reused": self.reused,
+                "registry": self.registry,
                 "size_bytes": self.size, "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
                 "lock": self.lock_path, "smoke": self.smoke.to_dict() if self.smoke else None,
                 "findings": [f.to_dict() for f in self.findings]}
@@ -304,11 +307,14 @@ def explain_build_failure(failure: BuildFailed, recipe: Recipe, locked: Lock) ->
 def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = None,
           relock: bool = False, run_smoke: bool = True, ca: str | None = None,
           keep_failed: bool = False, gpus: bool | None = None, tag: str | None = None,
-          rebuild: bool = False, progress: Progress = _quiet) -> BuildReport:
-    """check -> lock (fresh or refused) -> [reuse] -> base -> render -> build untagged -> smoke -> tag.
-    `tag` replaces the recipe's NAME:TAG (tests build under names of their own). An image the engine
-    already holds from this very lock (its io.imagebuild.lock.sha256 label) is reused, not rebuilt:
-    the lock's digest covers everything that decides the image; `rebuild` builds anyway."""
+          rebuild: bool = False, registry: RegistryTarget | None = None,
+          progress: Progress = _quiet) -> BuildReport:
+    """check -> lock (fresh or refused) -> [reuse] -> base -> render -> build untagged -> smoke -> tag
+    [-> push]. `tag` replaces the recipe's NAME:TAG (tests build under names of their own). An image
+    built from this very lock is reused, not rebuilt: the lock's digest covers everything that decides
+    the image. With `registry`, a manifest tagged lock-<sha256> there is found by a HEAD and given the
+    recipe's tag (no layer moves, no engine needed); otherwise the smoke-tested image is pushed under
+    both tags. The engine is asked next (its io.imagebuild.lock.sha256 label); `rebuild` builds anyway."""
     from imagebuild.render import LABEL_PREFIX, render_context
     timings: dict[str, float] = {}
     clock = time.monotonic()
@@ -321,14 +327,27 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     if recipe.patches and not relock:  # a relock has just checked them
         findings += patch_findings(recipe, current)
     _stop_on_errors(findings, recipe)
-    engine.check()
     timings["lock"] = time.monotonic() - clock
+    if registry is not None and not run_smoke:
+        raise ImagebuildError("--registry pushes only smoke-tested images (its lock tag stands for one): "
+                              "drop --no-smoke")
+    if registry is not None and not rebuild:
+        clock = time.monotonic()
+        if find_by_lock(registry, current.sha256, progress):
+            hit = tag_by_lock(registry, current.sha256, _tag_part(tag or f"{recipe.name}:{recipe.tag}"), progress)
+            timings["registry"] = time.monotonic() - clock
+            progress(f"reusing {hit.reference}: the registry holds the image built from this lock "
+                     f"({hit.lock_reference})")
+            return BuildReport(str(recipe.path), hit.reference, hit.digest, 0, timings, None, str(path), findings,
+                               reused=True, registry={**asdict(hit), "pushed": False})
+    engine.check()
 
     reused = None if rebuild else engine.find_labelled(f"{LABEL_PREFIX}.lock.sha256", current.sha256)
     if reused:
         progress(f"reusing {reused}: the engine holds an image built from this lock ({current.sha256[:12]}…)")
-        return _smoke_and_tag(reused, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
-                              keep_failed=keep_failed, gpus=gpus, reused=True, progress=progress)
+        report = _smoke_and_tag(reused, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
+                                keep_failed=keep_failed, gpus=gpus, reused=True, progress=progress)
+        return _pushed(report, registry, current, engine, progress)
 
     clock = time.monotonic()
     ensure_base_image(current.base, recipe.base, engine, progress)
@@ -343,8 +362,26 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     except BuildFailed as failure:
         raise explain_build_failure(failure, recipe, current) from None
     timings["build"] = time.monotonic() - clock
-    return _smoke_and_tag(image_id, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
-                          keep_failed=keep_failed, gpus=gpus, reused=False, progress=progress)
+    report = _smoke_and_tag(image_id, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
+                            keep_failed=keep_failed, gpus=gpus, reused=False, progress=progress)
+    return _pushed(report, registry, current, engine, progress)
+
+
+def _tag_part(ref: str) -> str:
+    name, _, tag = ref.rpartition(":")
+    return tag if name and "/" not in tag else "latest"
+
+
+def _pushed(report: BuildReport, registry: RegistryTarget | None, current: Lock, engine: Engine,
+            progress: Progress) -> BuildReport:
+    """With a registry: the smoke-tested image pushed under the recipe's tag and its lock tag."""
+    if registry is None:
+        return report
+    clock = time.monotonic()
+    hit = push_by_lock(engine, report.image, registry, current.sha256, _tag_part(report.image), progress)
+    report.seconds["push"] = time.monotonic() - clock
+    report.registry = {**asdict(hit), "pushed": True}
+    return report
 
 
 def _smoke_and_tag(image_id: str, recipe: Recipe, path: Path, tag: str | None, findings: list, timings: dict,

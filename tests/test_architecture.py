@@ -34,7 +34,7 @@ ALLOWED = {
     "render": LOW | {"lock", "payload", "recipe"},
     "image": LOW | {"engine", "lock", "render"},
     "publish": LOW | {"engine", "image"},
-    "pipeline": LOW | {"bases", "compat", "engine", "lock", "payload", "recipe", "render"},
+    "pipeline": LOW | {"bases", "compat", "engine", "lock", "payload", "publish", "recipe", "render"},
     "doctor": LOW | {"compat", "engine", "knowledge", "payload"},
     "cli": LOW | {"bases", "compat", "doctor", "engine", "image", "knowledge", "lock", "pipeline", "payload",
                   "publish", "recipe", "render"},

@@ -19,6 +19,7 @@ from imagebuild import __version__, pipeline
 from imagebuild.cli.output import (Progress, line, make_console, print_error, print_findings, print_patch_results,
                                    print_smoke)
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildError, SmokeFailed
+from imagebuild.publish.by_lock import RegistryTarget
 from imagebuild.recipe.model import image_ref_problem
 
 # Command groups that live beside their stage: each module's add_commands(command) adds subparsers
@@ -90,6 +91,13 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
                      help="build even when the engine holds an image built from this very lock")
     cmd.add_argument("--tag", metavar="NAME:TAG", type=image_ref,
                      help="tag the image NAME:TAG instead of the recipe's [image] name and tag")
+    cmd.add_argument("--registry", metavar="HOST[:PORT]/REPO",
+                     help="build by lock there too: an image pushed for this lock (tag lock-<sha256>) is "
+                          "found by a manifest HEAD and tagged, with no build and no download; otherwise the "
+                          "smoke-tested image is pushed under the recipe's tag and its lock tag")
+    cmd.add_argument("--registry-ca-cert", metavar="PATH", help="CA that signed the registry's certificate")
+    cmd.add_argument("--insecure-http", action="store_true",
+                     help="plain HTTP to --registry, only for a registry on this machine")
 
     cmd = command("smoke", "re-run the in-image smoke test of a built image")
     cmd.add_argument("image")
@@ -157,11 +165,12 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from imagebuild.engine import default_engine
     engine = default_engine(args.engine)
     if args.command == "build":
+        registry = RegistryTarget(args.registry, args.registry_ca_cert, args.insecure_http) if args.registry else None
         with progress.spinning("building"):
             report = pipeline.build(args.recipe, engine, lock_path=args.lock, relock=args.relock,
                                     run_smoke=not args.no_smoke, ca=args.ca_bundle,
                                     keep_failed=args.keep_failed, gpus=False if args.no_gpus else None,
-                                    tag=args.tag, rebuild=args.rebuild, progress=progress)
+                                    tag=args.tag, rebuild=args.rebuild, registry=registry, progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
         else:
@@ -171,7 +180,11 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                 print_smoke(out, report.smoke.report)
             times = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
             out.print(line(("reused" if report.reused else "built", "green"), " ", report.image, "  ", report.image_id,
-                           f"  {report.size / 1e9:.2f} GB  ({times})"))
+                           f"  {report.size / 1e9:.2f} GB  ({times})" if report.size else f"  ({times})"))
+            if report.registry:
+                out.print(line("registry: ", report.registry["reference"], "@", report.registry["digest"],
+                               " (pushed, and as " if report.registry["pushed"] else " (found as ",
+                               report.registry["lock_reference"], ")"))
         return EXIT_OK
 
     if args.command == "smoke":

@@ -1,0 +1,102 @@
+"""Build by lock against a registry: the image built from a lock is pushed under the tag
+`lock-<lock sha256>` beside the recipe's tag, so a later run (a fresh CI runner with an empty engine)
+finds it with one manifest HEAD and gives it the recipe's tag by putting the same manifest bytes under
+that tag: no layer is downloaded, no build or smoke runs. Only images that passed their smoke test are
+pushed, so a lock tag in the registry stands for a smoke-tested image.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from imagebuild.image.oci import MEDIA_INDEX, MEDIA_MANIFEST
+from imagebuild.publish.push_source import (DOCKER_LIST, DOCKER_MANIFEST, Reference, export_engine_image,
+                                            parse_reference)
+from imagebuild.publish.registry import push
+from imagebuild.publish.registry_auth import RegistryError
+from imagebuild.publish.registry_client import Progress, RegistryClient, _quiet, describe
+
+ACCEPT = ", ".join((MEDIA_MANIFEST, MEDIA_INDEX, DOCKER_MANIFEST, DOCKER_LIST))
+
+
+def lock_tag(lock_sha256: str) -> str:
+    return f"lock-{lock_sha256}"
+
+
+@dataclass(frozen=True)
+class RegistryTarget:
+    """Where build-by-lock looks and pushes: HOST[:PORT]/REPOSITORY (a tag in it is ignored)."""
+    repository: str
+    ca_cert: str | None = None
+    insecure_http: bool = False
+
+    def reference(self, tag: str) -> Reference:
+        ref = parse_reference(self.repository)
+        return parse_reference(f"{ref.registry}/{ref.repository}:{tag}")
+
+    def client(self, progress: Progress = _quiet) -> RegistryClient:
+        ref = parse_reference(self.repository)
+        client = RegistryClient(ref.registry, ca_cert=self.ca_cert, insecure_http=self.insecure_http,
+                                progress=progress)
+        client.ping([f"repository:{ref.repository}:pull,push"])
+        return client
+
+
+@dataclass(frozen=True)
+class RegistryHit:
+    reference: str  # HOST/REPO:TAG now pointing at the image
+    digest: str
+    lock_reference: str
+
+
+def find_by_lock(target: RegistryTarget, lock_sha256: str, progress: Progress = _quiet) -> str | None:
+    """The digest of the manifest tagged for this lock, by a HEAD request; None when there is none."""
+    ref = target.reference(lock_tag(lock_sha256))
+    response = target.client(progress).request("HEAD", f"/v2/{ref.repository}/manifests/{ref.tag}",
+                                               headers={"Accept": ACCEPT})
+    if response.status_code == 404:
+        return None
+    digest = response.headers.get("Docker-Content-Digest", "")
+    if response.status_code != 200 or not digest.startswith("sha256:"):
+        raise RegistryError(f"{ref.registry}: HEAD of {ref.repository}:{ref.tag} gave {describe(response)}")
+    return digest
+
+
+def tag_by_lock(target: RegistryTarget, lock_sha256: str, tag: str, progress: Progress = _quiet) -> RegistryHit:
+    """Put the lock tag's manifest (its own bytes, a few KB) under tag: the image gets the recipe's tag."""
+    source, wanted = target.reference(lock_tag(lock_sha256)), target.reference(tag)
+    client = target.client(progress)
+    response = client.request("GET", f"/v2/{source.repository}/manifests/{source.tag}", headers={"Accept": ACCEPT})
+    digest = response.headers.get("Docker-Content-Digest", "")
+    media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
+    if response.status_code != 200 or not digest or not media_type:
+        raise RegistryError(f"{source.registry}: GET of {source.repository}:{source.tag} gave {describe(response)}")
+    if tag != source.tag:
+        put = client.request("PUT", f"/v2/{wanted.repository}/manifests/{wanted.tag}", body=response.content,
+                             headers={"Content-Type": media_type})
+        if put.status_code != 201:
+            raise RegistryError(f"{wanted.registry} refused the manifest {digest} for "
+                                f"{wanted.repository}:{wanted.tag} ({describe(put)})")
+    return RegistryHit(str(wanted), digest, str(source))
+
+
+def push_by_lock(engine, image: str, target: RegistryTarget, lock_sha256: str, tag: str,
+                 progress: Progress = _quiet) -> RegistryHit:
+    """Push a smoke-tested engine image under tag, then the same manifest under the lock's tag."""
+    with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:
+        layout = Path(tmp) / "layout"
+        export_engine_image(engine, image, layout, progress)
+        ref = target.reference(tag)
+        progress(f"pushing {image} to {ref}")
+        report = push(layout, ref, ca_cert=target.ca_cert, insecure_http=target.insecure_http, progress=progress)
+    locked = target.reference(lock_tag(lock_sha256))
+    client = target.client(progress)
+    response = client.request("GET", f"/v2/{ref.repository}/manifests/{report.digest}", headers={"Accept": ACCEPT})
+    put = client.request("PUT", f"/v2/{locked.repository}/manifests/{locked.tag}", body=response.content,
+                         headers={"Content-Type": report.media_type})
+    if response.status_code != 200 or put.status_code != 201:
+        raise RegistryError(f"{locked.registry} did not take {locked.repository}:{locked.tag} "
+                            f"({describe(response if response.status_code != 200 else put)})")
+    return RegistryHit(str(ref), report.digest, str(locked))

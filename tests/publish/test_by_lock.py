@@ -1,0 +1,86 @@
+"""Build by lock against a real registry (docker-registry on loopback): the first run builds, smoke-tests
+and pushes under the recipe's tag and lock-<sha256>; a second run, with the image gone from the engine
+as on a fresh CI runner, finds it with a manifest HEAD and tags it: no build, no blob downloaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from imagebuild import pipeline
+from imagebuild.cli.app import main as cli_main
+from imagebuild.errors import ImagebuildError
+from imagebuild.lock import read_lock
+from imagebuild.publish.by_lock import RegistryTarget, find_by_lock, lock_tag
+from tests import registry_server
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "cuda-toolchain.toml"
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    missing = registry_server.missing_tools()
+    if missing:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("registry tests need " + ", ".join(missing))
+    monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))  # no blob-mount memory from other runs
+    server = registry_server.start_registry(tmp_path / "registry")
+    yield server
+    server.stop()
+
+
+def blob_downloads(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if re.search(r'"GET /v2/[^"]*/blobs/', line)]
+
+
+def test_an_unknown_lock_is_not_found_by_a_head(registry):
+    target = RegistryTarget(f"{registry.host}/imagebuild-test/by-lock", insecure_http=True)
+    assert find_by_lock(target, "0" * 64) is None
+    assert lock_tag("ab" * 32) == "lock-" + "ab" * 32
+
+
+def test_a_registry_build_without_smoke_is_refused(registry):
+    target = RegistryTarget(f"{registry.host}/imagebuild-test/by-lock", insecure_http=True)
+    with pytest.raises(ImagebuildError, match="only smoke-tested images"):
+        pipeline.build(RECIPE, None, registry=target, run_smoke=False)
+
+
+def test_second_run_of_an_unchanged_lock_reuses_the_pushed_image_without_downloading(engine, registry, capsys):
+    repository = f"{registry.host}/imagebuild-test/by-lock"
+    target = RegistryTarget(repository, insecure_http=True)
+    ref = f"imagebuild-test/by-lock:{os.getpid()}"
+    lock = read_lock(REPO / "lockfiles" / "cuda-toolchain.lock")
+    first = pipeline.build(RECIPE, engine, tag=ref, registry=target)
+    try:
+        assert first.smoke.ok and first.registry["pushed"] is True
+        assert first.registry["reference"] == f"{repository}:{os.getpid()}"
+        assert first.registry["lock_reference"] == f"{repository}:lock-{lock.sha256}"
+        assert find_by_lock(target, lock.sha256) == first.registry["digest"]
+    finally:
+        engine.remove(ref)  # a fresh runner: the engine no longer holds the image
+
+    downloads_before = len(blob_downloads(registry.log))
+    started = time.monotonic()
+    status = cli_main(["build", str(RECIPE), "--tag", ref, "--registry", repository, "--insecure-http", "--json"])
+    seconds = time.monotonic() - started
+    report = json.loads(capsys.readouterr().out)
+    print(f"second run of an unchanged lock: {seconds:.2f} s")  # measured, not asserted (docs/benchmarks.md)
+    assert status == 0 and report["reused"] is True
+    assert report["registry"] == {**first.registry, "pushed": False}
+    assert report["smoke"] is None and "build" not in report["seconds"]
+    assert engine.inspect(ref) is None  # nothing was pulled into the engine or built
+    assert blob_downloads(registry.log) == blob_downloads(registry.log)[:downloads_before]
+
+    # --rebuild goes past the registry: the engine builds (or reuses its own image) and pushes again.
+    again = pipeline.build(RECIPE, engine, tag=ref, registry=target, rebuild=True)
+    try:
+        assert again.registry["pushed"] is True and again.registry["digest"] == first.registry["digest"]
+    finally:
+        engine.remove(ref)
