@@ -162,40 +162,24 @@ def check_glibc(glibc: str, nvcc: CudaVersion) -> list[Finding]:
 
 
 def check_torch(torch_version: str, toolkit: CudaVersion) -> list[Finding]:
-    """The CUDA torch's wheel was built for against the toolkit's major.minor."""
-    facts = load_facts()
-    evidence = f"torch {torch_version}, [cuda].toolkit = {toolkit}"
+    """A torch pin whose version says its CUDA (+cuXYZ, +cpu, +rocm... from PyTorch's own indexes)
+    against the toolkit. A plain pin says nothing: lock reads its wheel (check_artifacts)."""
     parsed = _version(torch_version)
-    source = f"torch's local version +{parsed.local} (PyTorch's own indexes)" if parsed and parsed.local \
-        else facts.torch[0].source
-    if parsed and parsed.local and _NOT_CUDA.match(parsed.local):
+    if parsed is None or not parsed.local:
+        return []
+    evidence = f"torch {torch_version}, [cuda].toolkit = {toolkit}"
+    source = f"torch's local version +{parsed.local} (PyTorch's own indexes)"
+    wanted = f"torch=={parsed.public}+cu{toolkit.major}{toolkit.minor} (PyTorch's CUDA {toolkit} index)"
+    if _NOT_CUDA.match(parsed.local):
         return [Finding("error", "torch-cuda-mismatch",
                         f"torch {torch_version} is a build without CUDA in a CUDA {toolkit} image.",
-                        evidence, f"pin {_torch_for(toolkit)}", source)]
+                        evidence, f"pin {wanted}", source)]
     cuda = torch_cuda(torch_version)
-    if cuda is None:
-        return [Finding("warning", "torch-unknown",
-                        f"imagebuild does not know which CUDA torch {torch_version}'s wheels use, "
-                        "so it was not checked against the toolkit.", evidence,
-                        f"pin a torch listed in {DATA_FILE.name}, or add this release there",
-                        f"{DATA_FILE.name}: no entry for torch {torch_version}")]
-    if cuda == toolkit:
+    if cuda is None or cuda == toolkit:
         return []
-    fact = next((f for f in facts.torch if f.cuda == cuda and f.matches(Version(parsed.public))), None)
-    return [Finding(
-        "error", "torch-cuda-mismatch",
-        f"torch {torch_version} is built for CUDA {cuda}, not the image's CUDA {toolkit}.",
-        evidence + (f"; its wheel carries {fact.carries}" if fact else ""),
-        f'set [cuda].toolkit = "{cuda}", or pin {_torch_for(toolkit)}',
-        fact.source if fact else source)]
-
-
-def _torch_for(toolkit: CudaVersion) -> str:
-    """A torch pin whose default PyPI wheels use this toolkit, for a fix."""
-    releases = [f.release for f in load_facts().torch if f.cuda == toolkit]
-    if not releases:
-        return f"a torch built for CUDA {toolkit}"
-    return f"torch=={releases[-1]} (its PyPI wheels use CUDA {toolkit})"
+    return [Finding("error", "torch-cuda-mismatch",
+                    f"torch {torch_version} is built for CUDA {cuda}, not the image's CUDA {toolkit}.",
+                    evidence, f'set [cuda].toolkit = "{cuda}", or pin {wanted}', source)]
 
 
 def check_toolchain(packages: Mapping[str, str], toolkit: CudaVersion) -> list[Finding]:

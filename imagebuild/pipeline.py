@@ -199,9 +199,7 @@ def lock(recipe_path: str | Path, *, lock_path: Path | None = None,
              f"on {base.uv_platform}")
     new = resolve_lock(recipe, base)
     findings = _merged(findings, compat.check_resolved(recipe, new.packages, base.glibc))
-    found, torch_known = artifact_findings(recipe, new, progress)
-    if torch_known:  # the wheel said which CUDA it is built for: the table's "unknown" is moot
-        findings = [f for f in findings if f.rule != "torch-unknown"]
+    found, _ = artifact_findings(recipe, new, progress)
     findings = _merged(findings, found)
     if recipe.patches:
         progress(f"checking {len(recipe.patches)} patch(es) against the locked wheels")

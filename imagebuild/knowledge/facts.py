@@ -1,4 +1,4 @@
-"""Facts: the CUDA, driver, GPU-target, torch, Debian and glibc table in compat.toml beside it, with sources.
+"""Facts: the CUDA, driver, GPU-target, Debian and glibc table in compat.toml beside it, with sources.
 
 Loaded once, validated (every entry needs a source), and looked up by the rules in imagebuild/compat.py and by doctor.
 """
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
-from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -59,18 +58,6 @@ class ArchFact:
 
 
 @dataclass(frozen=True)
-class TorchFact:
-    release: str  # "2.10.0" or "2.14.*"
-    cuda: CudaVersion
-    carries: str  # the CUDA pin in the wheel's metadata
-    triton: str
-    source: str
-
-    def matches(self, version: Version) -> bool:
-        return SpecifierSet(f"=={self.release}").contains(version, prereleases=True)
-
-
-@dataclass(frozen=True)
 class GlibcNvccFact:
     glibc_from: Version
     nvcc_from: CudaVersion
@@ -90,7 +77,6 @@ class Facts:
     floors: Mapping[int, FloorFact]
     drivers: Mapping[CudaVersion, DriverFact]
     archs: Mapping[str, ArchFact]
-    torch: tuple[TorchFact, ...]
     suites: Mapping[str, SuiteFacts]
     glibc_nvcc: GlibcNvccFact
     toolchain: Mapping[str, ToolchainDist]
@@ -114,7 +100,6 @@ def _load_facts(path: Path) -> Facts:
         floors=read.keyed(read.each(raw, "minor_version_compat", _floor), "major"),
         drivers=read.keyed(read.each(raw, "driver", _driver), "cuda"),
         archs=read.keyed(chain.from_iterable(read.each(raw, "arch", _archs)), "target"),
-        torch=tuple(read.keyed(read.each(raw, "torch", _torch), "release").values()),
         suites=read.keyed(read.each(raw, "debian", _suite), "suite"),
         glibc_nvcc=read.parse(raw.get("glibc_nvcc"), "[glibc_nvcc]", _glibc_nvcc),
         toolchain=read.keyed(chain.from_iterable(read.each(raw, "toolchain", _toolchain)), "name"),
@@ -200,13 +185,6 @@ def _archs(get, source: str) -> list[ArchFact]:
             for t in get("targets", list)]
 
 
-def _torch(get, source: str) -> TorchFact:
-    fact = TorchFact(get("release", str), CudaVersion.parse(get("cuda", str)),
-                     get("carries", str), get("triton", str), source)
-    SpecifierSet(f"=={fact.release}")  # validates, raises ValueError
-    return fact
-
-
 def _suite(get, source: str) -> SuiteFacts:
     glibc = get("glibc", str)
     major, minor = (int(part) for part in glibc.split("."))
@@ -236,16 +214,13 @@ def debian_suite(suite: str) -> SuiteFacts:
 
 
 def torch_cuda(version: str) -> CudaVersion | None:
-    """CUDA of a torch build: its `+cuXYZ` local tag, else its default PyPI wheels; None if unknown."""
+    """CUDA of a torch build as its version says it (a `+cuXYZ` local tag); None when it does not say:
+    the wheel's own METADATA says it at lock (lock/artifacts.py)."""
     parsed = _version(version)
-    if parsed is None:
+    if parsed is None or not parsed.local:
         return None
-    if parsed.local and (match := re.fullmatch(r"cu(\d{1,2})(\d)", parsed.local)):
-        return CudaVersion(int(match.group(1)), int(match.group(2)))
-    if parsed.local and _NOT_CUDA.match(parsed.local):
-        return None
-    public = Version(parsed.public)
-    return next((f.cuda for f in load_facts().torch if f.matches(public)), None)
+    match = re.fullmatch(r"cu(\d{1,2})(\d)", parsed.local)
+    return CudaVersion(int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _version(text: str) -> Version | None:

@@ -128,17 +128,20 @@ def applies(requirement: Requirement) -> bool:
 
 
 def runtime_cuda(requires: Iterable[str]) -> tuple[CudaVersion, str] | None:
-    """The CUDA major.minor of an nvidia-cuda-runtime(-cuNN) pin among these requirements (Linux)."""
+    """The CUDA major.minor a wheel pins for Linux: its nvidia-cuda-runtime(-cuNN) requirement (torch up
+    to 2.10), else its cuda-toolkit requirement (torch 2.11 on pins the toolkit metapackage instead)."""
+    found = {}
     for requirement in _requirements(requires):
-        if not _CUDA_RUNTIME.fullmatch(canonicalize_name(requirement.name)):
-            continue
-        if not applies(requirement):
+        name = canonicalize_name(requirement.name)
+        kind = "runtime" if _CUDA_RUNTIME.fullmatch(name) else "toolkit" if name == "cuda-toolkit" else None
+        if kind is None or kind in found or not applies(requirement):
             continue
         for spec in requirement.specifier:
             parts = spec.version.split(".")
             if spec.operator in ("==", "===", "~=", ">=") and len(parts) >= 2 and all(p.isdigit() for p in parts[:2]):
-                return CudaVersion(int(parts[0]), int(parts[1])), str(requirement)
-    return None
+                found[kind] = CudaVersion(int(parts[0]), int(parts[1])), str(requirement)
+                break
+    return found.get("runtime") or found.get("toolkit")
 
 
 def parse_record(text: str) -> dict[str, str]:

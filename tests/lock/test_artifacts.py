@@ -36,6 +36,11 @@ def test_runtime_cuda_reads_the_nvidia_cuda_runtime_pin_for_linux():
     assert runtime_cuda(["nvidia-cuda-runtime==13.0.96"])[0] == CU130
     assert runtime_cuda(['nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Windows"']) is None
     assert runtime_cuda(["filelock", "not a requirement ((("]) is None  # a CPU build names none
+    # torch 2.11 on pins the cuda-toolkit metapackage instead; a runtime pin, where both are, wins.
+    toolkit = 'cuda-toolkit[cublas,cudart,nvrtc]==13.0.3; platform_system == "Linux"'
+    assert runtime_cuda([toolkit]) == (CU130, toolkit)
+    assert runtime_cuda(["nvidia-cuda-runtime-cu12==12.8.90", toolkit])[0] == CU128
+    assert runtime_cuda(['cuda-toolkit==13.0.3; platform_system == "Windows"']) is None
 
 
 def test_record_and_metadata_parse_what_wheels_write():
@@ -161,6 +166,14 @@ def test_torch_from_pypi_is_read_as_cuda_12_8_from_its_own_metadata(write_recipe
     assert "nvidia-cuda-runtime-cu12==12.8" in mismatch.evidence and "torch-unknown" not in found
     # The negative control: the same wheel in a CUDA 12.8 image is fine.
     assert "torch-cuda-mismatch" not in rules(lock_findings(write_recipe, ["torch==2.9.1"], "12.8", "torch-128"))
+
+
+def test_torch_2_14_is_read_as_cuda_13_0_from_its_cuda_toolkit_pin(write_recipe):
+    """torch 2.14.1's default wheel pins cuda-toolkit, not nvidia-cuda-runtime: still read, no table."""
+    found = rules(lock_findings(write_recipe, ["torch==2.14.1"], "12.8", "torch-214"))
+    mismatch = found["torch-cuda-mismatch"]
+    assert "built for CUDA 13.0, not the image's CUDA 12.8" in mismatch.message
+    assert "cuda-toolkit" in mismatch.evidence
 
 
 @pytest.mark.parametrize("pin, toolkit", [("nvidia-cuda-nvcc-cu12==12.8.93", "12.8"),
