@@ -41,37 +41,37 @@ def _literal_end(text: str, start: int) -> int:
     return min(i + 1, len(text))
 
 
+def code_chars(text: str):
+    """(index, char) of every character outside string and character literals."""
+    i = 0
+    while i < len(text):
+        if text[i] in "\"'":
+            i = _literal_end(text, i)
+            continue
+        yield i, text[i]
+        i += 1
+
+
 def matching(text: str, start: int, angles: bool = False) -> int:
     """Index just past the bracket that closes text[start] (one of ([{ or < with angles), or -1."""
     opening = _OPEN + ("<" if angles else "")
     closing = _CLOSE + (">" if angles else "")
-    depth, i = 0, start
-    while i < len(text):
-        char = text[i]
-        if char in "\"'":
-            i = _literal_end(text, i)
-            continue
+    depth = 0
+    for i, char in code_chars(text[start:]):
         if char in opening:
             depth += 1
         elif char in closing:
             depth -= 1
-            if depth == 0:
-                return i + 1
-            if depth < 0:
-                return -1
-        i += 1
+            if depth <= 0:
+                return start + i + 1 if depth == 0 else -1
     return -1
 
 
 def split_top_level(text: str, separator: str = ",", angles: bool = False) -> list:
     """text split at separators outside brackets and literals, each part stripped; empty parts dropped."""
-    parts, depth, start, i = [], 0, 0, 0
+    parts, depth, start = [], 0, 0
     opening, closing = _OPEN + ("<" if angles else ""), _CLOSE + (">" if angles else "")
-    while i < len(text):
-        char = text[i]
-        if char in "\"'":
-            i = _literal_end(text, i)
-            continue
+    for i, char in code_chars(text):
         if char in opening:
             depth += 1
         elif char in closing:
@@ -79,7 +79,6 @@ def split_top_level(text: str, separator: str = ",", angles: bool = False) -> li
         elif char == separator and depth == 0:
             parts.append(text[start:i])
             start = i + 1
-        i += 1
     parts.append(text[start:])
     return [" ".join(part.split()) for part in parts if part.strip()]
 
