@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
 
+import requests
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from requests.adapters import HTTPAdapter
 
 from imagebuild.knowledge.cuda import CudaVersion
 from imagebuild.lock.lockfile import LockedWheel
@@ -162,10 +164,16 @@ def read_artifacts(wheels: Iterable[LockedWheel], cache: Path,
     """METADATA and RECORD of every locked wheel (from where the resolver found it); one that cannot
     be read is noted, never guessed at."""
     wheels = [w for w in wheels if w.url]  # a lock read back from disk has no URLs: nothing to read
+    # One session for all readers, its pool as wide as they are: connections (and their TLS
+    # handshakes) are reused across wheels. Measured on the flagship's 206 wheels, cold: 3.2 s
+    # against 8.8 s with a connection per wheel.
+    session = requests.Session()
+    for scheme in ("https://", "http://"):
+        session.mount(scheme, HTTPAdapter(pool_connections=READERS, pool_maxsize=READERS))
 
     def read(wheel: LockedWheel):
         try:
-            got = wheel_files(wheel.url, wheel.sha256, cache=cache, members=(METADATA, RECORD))
+            got = wheel_files(wheel.url, wheel.sha256, cache=cache, members=(METADATA, RECORD), session=session)
         except WheelError as err:
             return wheel, None, str(err)
         record, metadata = got.members.get(RECORD), got.members.get(METADATA)
@@ -176,7 +184,7 @@ def read_artifacts(wheels: Iterable[LockedWheel], cache: Path,
 
     found = Artifacts()
     progress(f"reading the file lists of {len(wheels)} wheels")
-    with ThreadPoolExecutor(READERS) as pool:
+    with session, ThreadPoolExecutor(READERS) as pool:
         for wheel, facts, why in pool.map(read, wheels):
             if facts is None:
                 found.unread[wheel.name] = why
