@@ -19,9 +19,10 @@ from imagebuild import compat
 from imagebuild.bases import ensure_base_image, identify
 from imagebuild.common import cache_dir
 from imagebuild.engine import Engine, ImageInfo
+from imagebuild.engine.docker import split_ref
 from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, RecipeError, SmokeFailed
 from imagebuild.lock import Lock, default_lock_path, ensure_fresh, read_lock, resolve_lock, uv_binary, write_lock
-from imagebuild.publish.by_lock import RegistryTarget, find_by_lock, push_by_lock, tag_by_lock
+from imagebuild.publish.by_lock import RegistryTarget, push_by_lock, reuse_by_lock
 from imagebuild.recipe.model import DebianBase, Recipe, load_recipe
 
 Progress = Callable[[str], None]
@@ -331,8 +332,8 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
                               "drop --no-smoke")
     if registry is not None and not rebuild:
         clock = time.monotonic()
-        if find_by_lock(registry, current.sha256, progress):
-            hit = tag_by_lock(registry, current.sha256, _tag_part(tag or f"{recipe.name}:{recipe.tag}"), progress)
+        hit = reuse_by_lock(registry, current.sha256, split_ref(tag or f"{recipe.name}:{recipe.tag}")[1], progress)
+        if hit:
             timings["registry"] = time.monotonic() - clock
             progress(f"reusing {hit.reference}: the registry holds the image built from this lock "
                      f"({hit.lock_reference})")
@@ -365,18 +366,13 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     return _pushed(report, registry, current, engine, progress)
 
 
-def _tag_part(ref: str) -> str:
-    name, _, tag = ref.rpartition(":")
-    return tag if name and "/" not in tag else "latest"
-
-
 def _pushed(report: BuildReport, registry: RegistryTarget | None, current: Lock, engine: Engine,
             progress: Progress) -> BuildReport:
     """With a registry: the smoke-tested image pushed under the recipe's tag and its lock tag."""
     if registry is None:
         return report
     clock = time.monotonic()
-    hit = push_by_lock(engine, report.image, registry, current.sha256, _tag_part(report.image), progress)
+    hit = push_by_lock(engine, report.image, registry, current.sha256, split_ref(report.image)[1], progress)
     report.seconds["push"] = time.monotonic() - clock
     report.registry = {**asdict(hit), "pushed": True}
     return report

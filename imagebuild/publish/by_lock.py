@@ -51,11 +51,12 @@ class RegistryHit:
     lock_reference: str
 
 
-def find_by_lock(target: RegistryTarget, lock_sha256: str, progress: Progress = _quiet) -> str | None:
+def find_by_lock(target: RegistryTarget, lock_sha256: str, progress: Progress = _quiet,
+                 client: RegistryClient | None = None) -> str | None:
     """The digest of the manifest tagged for this lock, by a HEAD request; None when there is none."""
     ref = target.reference(lock_tag(lock_sha256))
-    response = target.client(progress).request("HEAD", f"/v2/{ref.repository}/manifests/{ref.tag}",
-                                               headers={"Accept": ACCEPT})
+    client = client or target.client(progress)
+    response = client.request("HEAD", f"/v2/{ref.repository}/manifests/{ref.tag}", headers={"Accept": ACCEPT})
     if response.status_code == 404:
         return None
     digest = response.headers.get("Docker-Content-Digest", "")
@@ -64,39 +65,42 @@ def find_by_lock(target: RegistryTarget, lock_sha256: str, progress: Progress = 
     return digest
 
 
-def tag_by_lock(target: RegistryTarget, lock_sha256: str, tag: str, progress: Progress = _quiet) -> RegistryHit:
-    """Put the lock tag's manifest (its own bytes, a few KB) under tag: the image gets the recipe's tag."""
-    source, wanted = target.reference(lock_tag(lock_sha256)), target.reference(tag)
-    client = target.client(progress)
-    response = client.request("GET", f"/v2/{source.repository}/manifests/{source.tag}", headers={"Accept": ACCEPT})
-    digest = response.headers.get("Docker-Content-Digest", "")
+def copy_manifest(client: RegistryClient, source: Reference, target: Reference) -> str:
+    """Put source's manifest (its own bytes, a few KB) under target's tag; returns its digest."""
+    what = source.digest or source.tag
+    response = client.request("GET", f"/v2/{source.repository}/manifests/{what}", headers={"Accept": ACCEPT})
+    digest = response.headers.get("Docker-Content-Digest", "") or source.digest
     media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
     if response.status_code != 200 or not digest or not media_type:
-        raise RegistryError(f"{source.registry}: GET of {source.repository}:{source.tag} gave {describe(response)}")
-    if tag != source.tag:
-        put = client.request("PUT", f"/v2/{wanted.repository}/manifests/{wanted.tag}", body=response.content,
+        raise RegistryError(f"{source.registry}: GET of {source.repository} {what} gave {describe(response)}")
+    if target.tag != source.tag:
+        put = client.request("PUT", f"/v2/{target.repository}/manifests/{target.tag}", body=response.content,
                              headers={"Content-Type": media_type})
         if put.status_code != 201:
-            raise RegistryError(f"{wanted.registry} refused the manifest {digest} for "
-                                f"{wanted.repository}:{wanted.tag} ({describe(put)})")
-    return RegistryHit(str(wanted), digest, str(source))
+            raise RegistryError(f"{target.registry} refused the manifest {digest} for "
+                                f"{target.repository}:{target.tag} ({describe(put)})")
+    return digest
+
+
+def reuse_by_lock(target: RegistryTarget, lock_sha256: str, tag: str,
+                  progress: Progress = _quiet) -> RegistryHit | None:
+    """The image pushed for this lock given the recipe's tag; None when the registry has none."""
+    client = target.client(progress)
+    if find_by_lock(target, lock_sha256, progress, client) is None:
+        return None
+    source, wanted = target.reference(lock_tag(lock_sha256)), target.reference(tag)
+    return RegistryHit(str(wanted), copy_manifest(client, source, wanted), str(source))
 
 
 def push_by_lock(engine, image: str, target: RegistryTarget, lock_sha256: str, tag: str,
                  progress: Progress = _quiet) -> RegistryHit:
     """Push a smoke-tested engine image under tag, then the same manifest under the lock's tag."""
+    ref, locked = target.reference(tag), target.reference(lock_tag(lock_sha256))
     with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:
         layout = Path(tmp) / "layout"
         export_engine_image(engine, image, layout, progress)
-        ref = target.reference(tag)
         progress(f"pushing {image} to {ref}")
         report = push(layout, ref, ca_cert=target.ca_cert, insecure_http=target.insecure_http, progress=progress)
-    locked = target.reference(lock_tag(lock_sha256))
-    client = target.client(progress)
-    response = client.request("GET", f"/v2/{ref.repository}/manifests/{report.digest}", headers={"Accept": ACCEPT})
-    put = client.request("PUT", f"/v2/{locked.repository}/manifests/{locked.tag}", body=response.content,
-                         headers={"Content-Type": report.media_type})
-    if response.status_code != 200 or put.status_code != 201:
-        raise RegistryError(f"{locked.registry} did not take {locked.repository}:{locked.tag} "
-                            f"({describe(response if response.status_code != 200 else put)})")
+    copy_manifest(target.client(progress), parse_reference(f"{ref.registry}/{ref.repository}@{report.digest}"),
+                  locked)
     return RegistryHit(str(ref), report.digest, str(locked))
