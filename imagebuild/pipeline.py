@@ -18,10 +18,11 @@ from typing import Callable
 from imagebuild import compat
 from imagebuild.bases import ensure_base_image, identify
 from imagebuild.common import cache_dir
-from imagebuild.engine import Engine, ImageInfo
+from imagebuild.engine import BuildCache, Engine, ImageInfo
 from imagebuild.engine.docker import split_ref
 from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, RecipeError, SmokeFailed
 from imagebuild.lock import Lock, default_lock_path, ensure_fresh, read_lock, resolve_lock, uv_binary, write_lock
+from imagebuild.publish.build_cache import push_build_cache
 from imagebuild.publish.by_lock import RegistryTarget, push_by_lock, reuse_by_lock
 from imagebuild.recipe.model import DebianBase, Recipe, load_recipe
 
@@ -90,10 +91,11 @@ class BuildReport:
     findings: list = field(default_factory=list)
     reused: bool = False  # an image built from this lock was already in the engine or registry: no build ran
     registry: dict | None = None  # with --registry: where the image is, and whether this run pushed it
+    cache: dict | None = None  # with --cache-from/--cache-to: where layers came from and went
 
     def to_dict(self) -> dict:
         return {"recipe": self.recipe, "image": self.image, "image_id": self.image_id, "reused": self.reused,
-                "registry": self.registry,
+                "registry": self.registry, "cache": self.cache,
                 "size_bytes": self.size, "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
                 "lock": self.lock_path, "smoke": self.smoke.to_dict() if self.smoke else None,
                 "findings": [f.to_dict() for f in self.findings]}
@@ -306,14 +308,16 @@ def explain_build_failure(failure: BuildFailed, recipe: Recipe, locked: Lock) ->
 def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = None,
           relock: bool = False, run_smoke: bool = True, ca: str | None = None,
           keep_failed: bool = False, gpus: bool | None = None, tag: str | None = None,
-          rebuild: bool = False, registry: RegistryTarget | None = None,
+          rebuild: bool = False, registry: RegistryTarget | None = None, cache: BuildCache | None = None,
           progress: Progress = _quiet) -> BuildReport:
     """check -> lock (fresh or refused) -> [reuse] -> base -> render -> build untagged -> smoke -> tag
     [-> push]. `tag` replaces the recipe's NAME:TAG (tests build under names of their own). An image
     built from this very lock is reused, not rebuilt: the lock's digest covers everything that decides
     the image. With `registry`, a manifest tagged lock-<sha256> there is found by a HEAD and given the
     recipe's tag (no layer moves, no engine needed); otherwise the smoke-tested image is pushed under
-    both tags. The engine is asked next (its io.imagebuild.lock.sha256 label); `rebuild` builds anyway."""
+    both tags. The engine is asked next (its io.imagebuild.lock.sha256 label); `rebuild` builds anyway.
+    With `cache`, the build takes unchanged layers from its sources and, once built (and smoke-tested
+    when asked), leaves its own at its target for the next runner."""
     from imagebuild.render import LABEL_PREFIX, render_context
     timings: dict[str, float] = {}
     clock = time.monotonic()
@@ -357,13 +361,27 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
                              uv_path=uv_binary(), lock_text=path.read_text())
     bundle = ca_bundle(ca)
     try:
-        image_id = engine.build(context, secrets={"ca": bundle} if bundle else {}, progress=progress)
+        image_id = engine.build(context, secrets={"ca": bundle} if bundle else {}, progress=progress, cache=cache)
     except BuildFailed as failure:
         raise explain_build_failure(failure, recipe, current) from None
     timings["build"] = time.monotonic() - clock
     report = _smoke_and_tag(image_id, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
                             keep_failed=keep_failed, gpus=gpus, reused=False, progress=progress)
+    _cached(report, cache, engine, progress)
     return _pushed(report, registry, current, engine, progress)
+
+
+def _cached(report: BuildReport, cache: BuildCache | None, engine: Engine, progress: Progress) -> None:
+    """With a cache target: the built image, its cache metadata kept, pushed there for the next runner
+    (an engine that wrote the cache during the build has done it already)."""
+    if cache is None:
+        return
+    report.cache = {"from": list(cache.sources), "to": cache.target, "digest": None,
+                    "written_by": engine.name if engine.writes_cache else "imagebuild"}
+    if cache.target and not engine.writes_cache:
+        clock = time.monotonic()
+        report.cache["digest"] = push_build_cache(engine, report.image_id, cache, progress)
+        report.seconds["cache_push"] = time.monotonic() - clock
 
 
 def _pushed(report: BuildReport, registry: RegistryTarget | None, current: Lock, engine: Engine,

@@ -7,6 +7,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# No per-example deadline: a property must hold, not run fast (a loaded CI machine is not a failure).
+settings.register_profile("imagebuild", deadline=None)
+settings.load_profile("imagebuild")
 
 REPO = Path(__file__).resolve().parent.parent
 

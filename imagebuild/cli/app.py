@@ -18,6 +18,7 @@ from rich.console import Console
 from imagebuild import __version__, pipeline
 from imagebuild.cli.output import (Progress, line, make_console, print_error, print_findings, print_patch_results,
                                    print_smoke)
+from imagebuild.engine.contract import BuildCache
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildError, SmokeFailed
 from imagebuild.publish.by_lock import RegistryTarget
 from imagebuild.recipe.model import image_ref_problem
@@ -28,6 +29,16 @@ EXTENSIONS: tuple[str, ...] = ("imagebuild.cli.publish", "imagebuild.cli.lxc", "
                                "imagebuild.cli.doctor")
 
 CORE_COMMANDS = ("check", "lock", "render", "build", "smoke", "patches")
+
+
+def registry_ref(text: str) -> str:
+    """--cache-from/--cache-to HOST[:PORT]/REPO[:TAG]: a registry host is never guessed."""
+    from imagebuild.publish.push_source import parse_reference
+    try:
+        parse_reference(text)
+    except ImagebuildError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def image_ref(text: str) -> str:
@@ -95,9 +106,15 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
                      help="build by lock there too: an image pushed for this lock (tag lock-<sha256>) is "
                           "found by a manifest HEAD and tagged, with no build and no download; otherwise the "
                           "smoke-tested image is pushed under the recipe's tag and its lock tag")
-    cmd.add_argument("--registry-ca-cert", metavar="PATH", help="CA that signed the registry's certificate")
+    cmd.add_argument("--cache-from", metavar="HOST[:PORT]/REPO[:TAG]", type=registry_ref, action="append",
+                     default=[], help="take unchanged layers from this build cache (repeatable; a missing "
+                                      "one is skipped). The engine's daemon pulls them itself")
+    cmd.add_argument("--cache-to", metavar="HOST[:PORT]/REPO[:TAG]", type=registry_ref,
+                     help="leave this build's layers there for the next runner's --cache-from")
+    cmd.add_argument("--registry-ca-cert", metavar="PATH",
+                     help="CA that signed the certificate of --registry and --cache-to")
     cmd.add_argument("--insecure-http", action="store_true",
-                     help="plain HTTP to --registry, only for a registry on this machine")
+                     help="plain HTTP to --registry and --cache-to, only for a registry on this machine")
 
     cmd = command("smoke", "re-run the in-image smoke test of a built image")
     cmd.add_argument("image")
@@ -166,11 +183,14 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     engine = default_engine(args.engine)
     if args.command == "build":
         registry = RegistryTarget(args.registry, args.registry_ca_cert, args.insecure_http) if args.registry else None
+        cache = BuildCache(tuple(args.cache_from), args.cache_to, args.registry_ca_cert, args.insecure_http) \
+            if args.cache_from or args.cache_to else None
         with progress.spinning("building"):
             report = pipeline.build(args.recipe, engine, lock_path=args.lock, relock=args.relock,
                                     run_smoke=not args.no_smoke, ca=args.ca_bundle,
                                     keep_failed=args.keep_failed, gpus=False if args.no_gpus else None,
-                                    tag=args.tag, rebuild=args.rebuild, registry=registry, progress=progress)
+                                    tag=args.tag, rebuild=args.rebuild, registry=registry, cache=cache,
+                                    progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
         else:
@@ -185,6 +205,10 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                 out.print(line("registry: ", report.registry["reference"], "@", report.registry["digest"],
                                " (pushed, and as " if report.registry["pushed"] else " (found as ",
                                report.registry["lock_reference"], ")"))
+            if report.cache and report.cache["to"]:
+                out.print(line("build cache: ", report.cache["to"],
+                               *(("@", report.cache["digest"]) if report.cache["digest"] else ()),
+                               f" (written by {report.cache['written_by']})"))
         return EXIT_OK
 
     if args.command == "smoke":

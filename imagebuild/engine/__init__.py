@@ -2,15 +2,15 @@
 implementations: DockerEngine (docker.py, BuildKit through Debian's docker.io CLI) and BuildahEngine
 (buildah.py, no daemon). streams.py runs build tools and export commands as streams.
 
-Public surface: Engine, ImageInfo, RunResult, Progress, default_engine(name).
+Public surface: Engine, BuildCache, ImageInfo, RunResult, Progress, default_engine(name).
 May import: common, errors. A new engine: a module here implementing Engine, named in default_engine.
 """
 
 from __future__ import annotations
 
-from imagebuild.engine.contract import Engine, ImageInfo, Progress, RunResult
+from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, Progress, RunResult
 
-__all__ = ["Engine", "ImageInfo", "Progress", "RunResult", "default_engine"]
+__all__ = ["BuildCache", "Engine", "ImageInfo", "Progress", "RunResult", "default_engine"]
 
 
 def default_engine(name: str = "docker") -> Engine:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping, Sequence
 
 from imagebuild.common import REPRO_EPOCH
-from imagebuild.engine.contract import Engine, ImageInfo, Progress, RunResult
+from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, Progress, RunResult
 from imagebuild.engine.build_log import BUILD_LOG_LINES, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
@@ -41,8 +41,30 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()]) if match else 0
 
 
+def cache_flags(cache: BuildCache | None) -> list[str]:
+    """buildah keeps its layer cache in a registry repository itself (one tag per cache key), during
+    the build: it takes repositories, not tags, and 1.28 reads one source."""
+    if cache is None:
+        return []
+    flags = []
+    if cache.sources:
+        flags += ["--cache-from", repository_of(cache.sources[0])]
+    if cache.target:
+        flags += ["--cache-to", repository_of(cache.target)]
+    if flags and cache.insecure_http:
+        flags.append("--tls-verify=false")
+    return flags
+
+
+def repository_of(ref: str) -> str:
+    """`host:5000/name:tag` -> `host:5000/name` (buildah names its cache tags itself)."""
+    name, sep, tag = ref.rpartition(":")
+    return name if sep and "/" not in tag else ref
+
+
 class BuildahEngine(Engine):
     name = "buildah"
+    writes_cache = True
 
     def __init__(self, buildah: str | None = None, *, epoch: int = REPRO_EPOCH, layers: bool = True):
         self._buildah = buildah
@@ -69,13 +91,13 @@ class BuildahEngine(Engine):
             raise EngineUnavailable(f"buildah cannot reach its storage: {proc.stderr.strip()[-500:]}")
 
     def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
-              progress: Progress = lambda _: None) -> str:
+              progress: Progress = lambda _: None, cache: BuildCache | None = None) -> str:
         self.check()
         with tempfile.TemporaryDirectory(prefix="imagebuild-iid-") as tmp:
             iidfile = Path(tmp) / "iid"
             command = [self.buildah, "bud", "--pull-never", "--network", "host",
                        "--timestamp", str(self.epoch), "--iidfile", str(iidfile),
-                       f"--layers={'true' if self.layers else 'false'}"]
+                       f"--layers={'true' if self.layers or cache else 'false'}", *cache_flags(cache)]
             for name, path in sorted(secrets.items()):
                 command += ["--secret", f"id={name},src={path}"]
             command.append(str(context))

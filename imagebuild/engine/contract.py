@@ -30,6 +30,20 @@ class ImageInfo:
 
 
 @dataclass(frozen=True)
+class BuildCache:
+    """Layers shared between runners through a registry: a build may take unchanged layers from the
+    `sources` (HOST/REPO:TAG references) and leaves its own for the next runner at `target`.
+
+    Docker 20.10 has no `--cache-to`: it reads BuildKit's inline cache, whose metadata rides in the
+    image config, so the pipeline pushes the built image to `target` itself (publish/build_cache.py).
+    An engine that writes its cache during the build says so with `Engine.writes_cache`."""
+    sources: tuple[str, ...] = ()
+    target: str | None = None
+    ca_cert: str | None = None
+    insecure_http: bool = False
+
+
+@dataclass(frozen=True)
 class RunResult:
     exit_code: int
     stdout: str
@@ -39,6 +53,7 @@ class RunResult:
 
 class Engine(abc.ABC):
     name: str = "engine"
+    writes_cache: bool = False  # True: build() itself writes BuildCache.target
 
     @abc.abstractmethod
     def check(self) -> None:
@@ -46,8 +61,10 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
-              progress: Progress = lambda _: None) -> str:
-        """Build the context's Dockerfile; return the image id. Never tags. Raises BuildFailed."""
+              progress: Progress = lambda _: None, cache: BuildCache | None = None) -> str:
+        """Build the context's Dockerfile; return the image id. Never tags. Raises BuildFailed.
+        With `cache`, unchanged layers may come from its sources (a source that does not exist yet
+        is not an error: the first run has none)."""
 
     @abc.abstractmethod
     def tag(self, image_id: str, ref: str) -> None: ...

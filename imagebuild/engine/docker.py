@@ -14,7 +14,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from imagebuild.engine.contract import Engine, ImageInfo, Progress, RunResult
+from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, Progress, RunResult
 from imagebuild.engine.build_log import BUILD_LOG_LINES, TAIL_SHOWN, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming, widen_pipe
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
@@ -44,6 +44,18 @@ def split_ref(ref: str) -> tuple[str, str]:
     if not sep or "/" in tag:
         return ref, "latest"
     return name, tag
+
+
+def cache_flags(cache: BuildCache | None) -> list[str]:
+    """BuildKit's inline cache, what Docker 20.10 supports without buildx: sources are images whose
+    config carries the cache metadata; a target asks for that metadata in the image built here
+    (the engine daemon pulls from the sources itself, so it must trust their registries)."""
+    if cache is None:
+        return []
+    flags = [flag for source in cache.sources for flag in ("--cache-from", source)]
+    if cache.target:
+        flags += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
+    return flags
 
 
 class DockerEngine(Engine):
@@ -78,13 +90,16 @@ class DockerEngine(Engine):
         self._client = client
 
     def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
-              progress: Progress = lambda _: None) -> str:
+              progress: Progress = lambda _: None, cache: BuildCache | None = None) -> str:
         self.check()
         with tempfile.TemporaryDirectory(prefix="imagebuild-iid-") as tmp:
             iidfile = Path(tmp) / "iid"
-            command = [self.cli, "build", "--progress=plain", "--iidfile", str(iidfile)]
+            # The host's network, as buildah's builds have: a daemon with no bridge builds too, and
+            # a cache written by one runner matches another's (the network mode is in the step's key).
+            command = [self.cli, "build", "--progress=plain", "--network", "host", "--iidfile", str(iidfile)]
             for name, path in sorted(secrets.items()):
                 command += ["--secret", f"id={name},src={path}"]
+            command += cache_flags(cache)
             command.append(str(context))
             code, tail = run_streaming(command, progress, env={**os.environ, "DOCKER_BUILDKIT": "1"},
                                        keep=BUILD_LOG_LINES)

@@ -142,8 +142,14 @@ def saved_image(engine, image: str) -> Iterator[BinaryIO]:
         yield stream
 
 
-def normalized_config(config: dict, diff_ids: list[str], epoch: int) -> dict:
-    """The OCI config: what runs the container, the normalized diff_ids, undated history."""
+# BuildKit's inline cache: which build step made which layer, with dates. Never in a released image
+# (it would change the digest from run to run); kept only in the image pushed as a build cache.
+BUILDKIT_CACHE_KEY = "moby.buildkit.cache.v0"
+
+
+def normalized_config(config: dict, diff_ids: list[str], epoch: int, *, build_cache: bool = False) -> dict:
+    """The OCI config: what runs the container, the normalized diff_ids, undated history; with
+    build_cache, BuildKit's inline cache metadata too (its layer indexes still line up)."""
     run = config.get("config") if isinstance(config.get("config"), dict) else {}
     kept = {key: run[key] for key in CONFIG_KEYS if run.get(key)}
     history = []
@@ -163,6 +169,8 @@ def normalized_config(config: dict, diff_ids: list[str], epoch: int) -> dict:
            "rootfs": {"type": "layers", "diff_ids": list(diff_ids)}}
     if config.get("variant"):
         out["variant"] = str(config["variant"])
+    if build_cache and isinstance(config.get(BUILDKIT_CACHE_KEY), str):
+        out[BUILDKIT_CACHE_KEY] = config[BUILDKIT_CACHE_KEY]
     if history:
         out["history"] = history
     return out
@@ -247,10 +255,12 @@ def default_layer_cache() -> LayerCache:
 
 
 def export_layout(engine, image: str, out_dir: Path, *, epoch: int = REPRO_EPOCH,
-                  ref_name: str | None = None, cache: LayerCache | None | bool = True) -> LayoutResult:
+                  ref_name: str | None = None, cache: LayerCache | None | bool = True,
+                  build_cache: bool = False) -> LayoutResult:
     """Write `image` from the engine as a deterministic OCI layout at out_dir (replaced atomically).
 
-    cache: True for the user's layer cache, a LayerCache, or None/False for none."""
+    cache: True for the user's layer cache, a LayerCache, or None/False for none.
+    build_cache: keep BuildKit's inline cache metadata (for the image pushed as a build cache)."""
     started = time.monotonic()
     if engine.inspect(image) is None:
         raise ImagebuildError(f"no image {image!r} in the {engine.name} engine")
@@ -274,16 +284,16 @@ def export_layout(engine, image: str, out_dir: Path, *, epoch: int = REPRO_EPOCH
             saved = read_saved(stream, normalize)
         shutil.rmtree(spill)
         result = write_image(staging, saved.config, saved.layers, epoch=epoch,
-                             ref_name=ref_name or ref_name_of(image))
+                             ref_name=ref_name or ref_name_of(image), build_cache=build_cache)
     return LayoutResult(out_dir, result.manifest_digest, result.config_digest, result.diff_ids,
                         result.layers, result.ref_name, time.monotonic() - started)
 
 
 def write_image(layout: Path, engine_config: dict, layers: list[LayerBlob], *, epoch: int,
-                ref_name: str) -> LayoutResult:
+                ref_name: str, build_cache: bool = False) -> LayoutResult:
     """Config, manifest and index.json for layers already in layout/blobs."""
     diff_ids = [layer.diff_id for layer in layers]
-    config = canonical_json(normalized_config(engine_config, diff_ids, epoch))
+    config = canonical_json(normalized_config(engine_config, diff_ids, epoch, build_cache=build_cache))
     config_desc = Descriptor(MEDIA_CONFIG, write_blob(layout, config), len(config))
     descriptors = [layer.descriptor for layer in layers]
     manifest = canonical_json(image_manifest(config_desc, descriptors))

@@ -160,10 +160,12 @@ def read_layout(root: str | Path, name: str | None = None) -> Manifest:
     return image
 
 
-def export_engine_image(engine, image: str, out_dir: Path, progress: Progress = _quiet) -> str:
+def export_engine_image(engine, image: str, out_dir: Path, progress: Progress = _quiet, *,
+                        build_cache: bool = False) -> str:
     """Write an engine image as an OCI layout (SOURCE_DATE_EPOCH, if set, clamps its times);
-    returns the writer's name for the report."""
+    returns the writer's name for the report. build_cache keeps BuildKit's cache metadata."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
     progress(f"writing {image} as an OCI layout (imagebuild.image.oci)")
-    export.export_layout(engine, image, out_dir, **({"epoch": int(epoch)} if epoch.isdigit() else {}))
+    export.export_layout(engine, image, out_dir, build_cache=build_cache,
+                         **({"epoch": int(epoch)} if epoch.isdigit() else {}))
     return "imagebuild.oci"

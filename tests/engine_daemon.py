@@ -1,0 +1,77 @@
+"""A second Docker engine for tests: Debian's dockerd with its own data root, exec root and socket,
+so a test has a truly fresh runner (empty image store, empty builder cache, empty uv cache mount)
+beside the session's engine, without pruning anything of that engine's.
+
+It runs without a bridge or iptables rules of its own (the first engine owns those): its builds use
+the host's network, as imagebuild's builds do everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+DOCKER_CLI = "/usr/bin/docker"
+
+
+@dataclass
+class Daemon:
+    host: str  # unix:///…/docker.sock, for DOCKER_HOST
+    process: subprocess.Popen
+    log: Path
+    root: Path
+
+    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([DOCKER_CLI, *args], capture_output=True, text=True,
+                              env={**os.environ, "DOCKER_HOST": self.host})
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"docker {' '.join(args)} on {self.host}: {proc.stderr[-2000:]}")
+        return proc
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        subprocess.run(["umount", "-R", str(self.root / "data")], capture_output=True)  # any mount left
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def why_not() -> str | None:
+    """Why no second engine can start here, or None."""
+    if os.geteuid() != 0:
+        return "a second dockerd needs root"
+    if shutil.which("dockerd") is None or not os.path.exists(DOCKER_CLI):
+        return "dockerd and /usr/bin/docker are needed (apt-get install -y docker.io)"
+    return None
+
+
+def start_daemon() -> Daemon:
+    # A short root: the managed containerd's socket lives under the exec root, and a unix socket's
+    # path must stay under 108 bytes.
+    root = Path(tempfile.mkdtemp(prefix="ib-dockerd-", dir="/tmp"))
+    sock = f"unix://{root}/docker.sock"
+    log = root / "dockerd.log"
+    process = subprocess.Popen(
+        ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+         "--pidfile", str(root / "dockerd.pid"), "-H", sock, "--bridge", "none",
+         "--iptables=false", "--ip-masq=false"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    daemon = Daemon(sock, process, log, root)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        if daemon.docker("info", check=False).returncode == 0:
+            return daemon
+        time.sleep(0.5)
+    tail = log.read_text()[-2000:]
+    daemon.stop()
+    raise RuntimeError(f"a second dockerd did not come up: {tail}")

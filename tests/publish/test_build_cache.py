@@ -1,0 +1,139 @@
+"""Layers shared between fresh runners through a real registry (docker-registry on loopback): one
+runner builds with --cache-to, a second Docker engine with an empty store and builder cache (its own
+dockerd) builds a recipe whose application layer changed with --cache-from, and takes every unchanged
+layer from the registry instead of installing it again."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import pytest
+import requests
+
+from imagebuild import pipeline
+from imagebuild.cli.app import main as cli_main
+from imagebuild.engine.buildah import cache_flags as buildah_flags
+from imagebuild.engine.contract import BuildCache
+from imagebuild.engine.docker import DockerEngine, cache_flags as docker_flags
+from imagebuild.image.export import BUILDKIT_CACHE_KEY, normalized_config
+from tests import engine_daemon, registry_server
+from tests.test_build import _copy_recipe
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def test_docker_reads_inline_caches_and_asks_for_one_only_with_a_target():
+    assert docker_flags(None) == []
+    assert docker_flags(BuildCache(sources=("r:5000/a:x", "r:5000/b:y"))) == [
+        "--cache-from", "r:5000/a:x", "--cache-from", "r:5000/b:y"]
+    assert docker_flags(BuildCache(target="r:5000/a:x")) == ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
+
+
+def test_buildah_is_given_repositories_and_plain_http_only_when_asked():
+    assert buildah_flags(None) == []
+    assert buildah_flags(BuildCache(sources=("r:5000/team/a:x",), target="r:5000/team/a:x")) == [
+        "--cache-from", "r:5000/team/a", "--cache-to", "r:5000/team/a"]
+    assert buildah_flags(BuildCache(target="r:5000/a", insecure_http=True)) == [
+        "--cache-to", "r:5000/a", "--tls-verify=false"]
+
+
+def test_the_cache_metadata_reaches_only_the_cache_image():
+    engine_config = {"architecture": "amd64", "os": "linux", BUILDKIT_CACHE_KEY: "W3sibGF5ZXJzIjpbXX1d",
+                     "rootfs": {"type": "layers", "diff_ids": ["sha256:" + "a" * 64]}}
+    released = normalized_config(engine_config, ["sha256:" + "b" * 64], 0)
+    cache = normalized_config(engine_config, ["sha256:" + "b" * 64], 0, build_cache=True)
+    assert BUILDKIT_CACHE_KEY not in released
+    assert cache == {**released, BUILDKIT_CACHE_KEY: engine_config[BUILDKIT_CACHE_KEY]}
+
+
+def test_a_cache_reference_without_a_registry_host_is_refused_before_anything_runs(capsys):
+    status = cli_main(["build", "recipes/cuda-toolchain.toml", "--cache-from", "team/cache:main", "--json"])
+    error = json.loads(capsys.readouterr().out)
+    assert status == 2 and "names no registry host" in error["message"] and "team/cache:main" in error["message"]
+
+
+# ---------------------------------------------------------------- two runners, one registry
+
+@pytest.fixture
+def registry(tmp_path):
+    missing = registry_server.missing_tools()
+    if missing:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("registry tests need " + ", ".join(missing))
+    server = registry_server.start_registry(tmp_path / "registry")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fresh_runner():
+    why = engine_daemon.why_not()
+    if why:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
+    daemon = engine_daemon.start_daemon()
+    yield daemon
+    daemon.stop()
+
+
+def cache_diff_ids(registry, reference: str) -> tuple[list[str], dict]:
+    """The diff_ids and config of the image pushed as a build cache."""
+    repository, tag = reference.split("/", 1)[1].rsplit(":", 1)
+    manifest = requests.get(f"{registry.url}/v2/{repository}/manifests/{tag}",
+                            headers={"Accept": OCI_MANIFEST}, timeout=30).json()
+    config = requests.get(f"{registry.url}/v2/{repository}/blobs/{manifest['config']['digest']}", timeout=30).json()
+    return config["rootfs"]["diff_ids"], config
+
+
+def blob_gets(registry) -> list[str]:
+    return re.findall(r'"GET /v2/[^"]*/blobs/(sha256:[0-9a-f]{64})', registry.log.read_text())
+
+
+@pytest.mark.slow
+def test_a_fresh_runner_takes_unchanged_layers_from_the_cache_and_installs_only_the_changed_ones(
+        engine, registry, fresh_runner, write_recipe, monkeypatch):
+    pid = os.getpid()
+    cache_ref = f"{registry.host}/imagebuild-test/build-cache:{pid}"
+    recipe = _copy_recipe(write_recipe, "cache-first")
+    bumped = _copy_recipe(write_recipe, "cache-bumped", requirements_extra='  "six==1.16.0",\n')
+    first_ref = f"imagebuild-test/cache-first:{pid}"
+    try:
+        first = pipeline.build(recipe, engine, tag=first_ref, rebuild=True,
+                               cache=BuildCache(target=cache_ref, insecure_http=True))
+    finally:
+        engine.remove(first_ref)
+    assert first.cache == {"from": [], "to": cache_ref, "digest": first.cache["digest"], "written_by": "imagebuild"}
+    cached, config = cache_diff_ids(registry, cache_ref)
+    assert config.get(BUILDKIT_CACHE_KEY), "the cache image must carry BuildKit's cache metadata"
+
+    # The second runner: its own dockerd, nothing in its store or builder cache but the base.
+    monkeypatch.setenv("DOCKER_HOST", fresh_runner.host)
+    runner = DockerEngine()
+    downloads = len(blob_gets(registry))
+    started = time.monotonic()
+    second = pipeline.build(bumped, runner, tag=f"imagebuild-test/cache-bumped:{pid}",
+                            cache=BuildCache(sources=(cache_ref,), insecure_http=True))
+    with_cache = time.monotonic() - started
+    layers = runner.inspect(second.image_id).diff_ids
+    # Every layer below the probe's files (which carry the lock) is the cache's own, pulled, not rebuilt:
+    # a layer this engine had built would not be the normalized blob the registry holds.
+    shared = len(cached) - 1
+    assert list(layers[:shared]) == cached[:shared]
+    assert len(layers) == len(cached) + 2  # the application layer's requirements and its install
+    assert not set(layers[shared:]) & set(cached)
+    assert second.smoke.ok and second.cache["from"] == [cache_ref]
+    pulled = set(blob_gets(registry)[downloads:])
+    assert len(pulled) >= shared  # each cached layer's blob (and the manifest's config) came from the registry
+
+    # Negative control: the same fresh runner with its builder cache emptied and no --cache-from
+    # builds every layer itself, so none of them is the registry's.
+    runner.remove(second.image_id)
+    fresh_runner.docker("builder", "prune", "-af")
+    started = time.monotonic()
+    third = pipeline.build(bumped, runner, tag=f"imagebuild-test/cache-bumped:{pid}", rebuild=True)
+    without_cache = time.monotonic() - started
+    control = runner.inspect(third.image_id).diff_ids
+    assert not set(control[1:]) & set(cached) and len(control) == len(layers)
+    print(f"fresh runner, application pin bump: {with_cache:.1f} s with --cache-from, "
+          f"{without_cache:.1f} s without")  # measured, not asserted (docs/benchmarks.md)
