@@ -443,6 +443,26 @@ def test_imports_check_imports_each_module_in_its_own_process():
     assert probe.check_imports({"imports": []})["status"] == probe.SKIP
 
 
+def test_imports_run_side_by_side_keep_the_recipe_order_and_each_failure():
+    modules = ["json", "no_such_module_a", "email.mime.text", "sqlite3", "no_such_module_b", "decimal"]
+    serial = probe.check_imports({"imports": modules}, jobs=1)
+    parallel = probe.check_imports({"imports": modules}, jobs=4)
+    for check in (serial, parallel):
+        assert check["status"] == probe.FAIL
+        assert list(check["evidence"]["imported"]) == ["json", "email.mime.text", "sqlite3", "decimal"]
+        assert list(check["evidence"]["failed"]) == ["no_such_module_a", "no_such_module_b"]
+    assert serial["detail"].split("; ")[0].startswith("no_such_module_a: ModuleNotFoundError")
+
+
+def test_checks_run_at_once_give_the_report_one_at_a_time_gives(cuda_venv, tmp_path, passing_run):
+    """The same venv probed with --jobs 1: every check has the status it has when they run at once."""
+    status, serial = run_cli(cuda_venv.python, "--expect", write_expect(cuda_venv, tmp_path), "--jobs", "1",
+                             env=venv_env(cuda_venv))
+    assert serial["jobs"] == 1 and passing_run.report["jobs"] >= 1
+    assert [c["name"] for c in serial["checks"]] == [c["name"] for c in passing_run.report["checks"]]
+    assert statuses(serial) == statuses(passing_run.report) and status == passing_run.status
+
+
 def test_stack_tiers_skip_when_the_lock_has_no_torch():
     assert probe.check_torch_cuda({"torch_cuda": None})["status"] == probe.SKIP
     assert probe.check_flashinfer_dynamo({"flashinfer_dynamo": False})["status"] == probe.SKIP

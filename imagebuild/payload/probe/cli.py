@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 from .deep_gemm import check_deep_gemm_sm120
 from .doctor import run_doctor
@@ -19,14 +20,18 @@ from .expect import NO_EXPECTATIONS, load_expect
 from .gpu_compute import check_gpu_compute
 from .gpus import DRIVER_VERSION_FILE
 from .report import FAIL, make_check, make_report
-from .system import installed_distributions
+from .system import installed_distributions, parallelism
 from .stack import check_flashinfer_dynamo, check_gpu, check_imports, check_torch_cuda, gpu_visible
 from .waste import find_waste
 from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter, check_packages
 
 
-def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = False) -> dict:
-    """Run every check; a check that crashes becomes a failed check, never a lost report."""
+def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = False, jobs: int | None = None) -> dict:
+    """Run every check; a check that crashes becomes a failed check, never a lost report.
+
+    The checks are independent (each runs its own processes), so they run at once, and the import
+    checks `jobs` modules at a time (default: the CPUs here); jobs=1 runs everything in turn."""
+    jobs = jobs or parallelism()
     installed = installed_distributions()  # read once: two checks compare against it
     checks = (
         ("interpreter", lambda: check_interpreter(expect)),
@@ -34,19 +39,23 @@ def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = Fal
         ("cuda-toolchain", lambda: check_cuda_toolchain(expect, installed)),
         ("cuda-home", lambda: check_cuda_home(expect)),
         ("deep-gemm-sm120", lambda: check_deep_gemm_sm120(expect, workdir, skip_compile)),
-        ("imports", lambda: check_imports(expect, workdir)),
+        ("imports", lambda: check_imports(expect, workdir, jobs)),
         ("torch-cuda", lambda: check_torch_cuda(expect)),
         ("flashinfer-dynamo", lambda: check_flashinfer_dynamo(expect)),
         ("gpu", check_gpu),
         ("gpu-compute", lambda: check_gpu_compute(expect, gpu_visible())),
     )
-    results = []
-    for name, run in checks:
+
+    def guarded(check) -> dict:
+        name, run = check
         try:
-            results.append(run())
+            return run()
         except Exception as error:
-            results.append(make_check(name, FAIL, f"the probe itself failed: {type(error).__name__}: {error}"))
-    return make_report(results)
+            return make_check(name, FAIL, f"the probe itself failed: {type(error).__name__}: {error}")
+
+    with ThreadPoolExecutor(max_workers=len(checks) if jobs > 1 else 1) as pool:
+        results = list(pool.map(guarded, checks))  # the report keeps the checks' order
+    return dict(make_report(results), jobs=jobs)
 
 
 def main(argv: list | None = None) -> int:
@@ -55,6 +64,7 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--expect", help="expect.json written by the renderer")
     parser.add_argument("--workdir", help="scratch folder for kernel compiles (default: a temporary folder)")
     parser.add_argument("--skip-compile", action="store_true", help="skip the deep_gemm SM120 compile")
+    parser.add_argument("--jobs", type=int, help="processes at once (default: the CPUs here; 1: one check at a time)")
     parser.add_argument("--doctor", action="store_true", help="diagnose driver, CUDA toolkits, interpreter and "
                         "the ML stack as they are, without an expect file")
     parser.add_argument("--driver-file", default=DRIVER_VERSION_FILE,
@@ -81,6 +91,6 @@ def main(argv: list | None = None) -> int:
             report = make_report([make_check("expect", FAIL, error, path=args.expect)])
             print(json.dumps(report, indent=2, sort_keys=True))
             return 2
-    report = run_probe(expect, args.workdir, args.skip_compile)
+    report = run_probe(expect, args.workdir, args.skip_compile, args.jobs if args.jobs and args.jobs > 0 else None)
     print(json.dumps(report, indent=2, sort_keys=True))
     return 0 if report["ok"] else 1

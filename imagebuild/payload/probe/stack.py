@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 from .report import FAIL, PASS, SKIP, WARN, make_check
 from .system import last_line, major_minor, package_dir, run_command, run_python_json
@@ -88,14 +89,21 @@ def import_module(module: str, workdir: str) -> tuple:
     return None, last_line(tail) or f"exit {status}", "no-device driver"
 
 
-def check_imports(expect: dict, workdir: str | None = None) -> dict:
+def check_imports(expect: dict, workdir: str | None = None, jobs: int = 1) -> dict:
+    """Each module imported in its own process, `jobs` at a time (each stand-in driver in its own
+    folder); the seconds are each import's wall time, so they grow with jobs on a busy machine."""
     modules = expect.get("imports") or []
     if not modules:
         return make_check("imports", SKIP, "the recipe asks for no import checks")
     imported, failed, stubbed = {}, {}, []
     with tempfile.TemporaryDirectory(prefix="probe-imports-", dir=workdir) as scratch:
-        for module in modules:
-            answer, error, how = import_module(module, scratch)
+        def one(numbered):
+            number, module = numbered
+            return import_module(module, os.path.join(scratch, str(number)))
+
+        with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(modules)))) as pool:
+            answers = list(pool.map(one, enumerate(modules)))
+        for module, (answer, error, how) in zip(modules, answers):
             if answer is None:
                 failed[module] = error
             else:

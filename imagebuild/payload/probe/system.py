@@ -67,6 +67,14 @@ def run_command(argv: list, timeout: float = COMMAND_TIMEOUT_S) -> tuple:
     return done.returncode, done.stdout.decode("utf-8", "replace")
 
 
+def parallelism() -> int:
+    """How many processes the probe runs at once: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def run_python_json(code: str, *args: str, timeout: float = IMPORT_TIMEOUT_S, env=None) -> tuple:
     """Run code with this interpreter; (its JSON answer or None, exit status, stderr's last 4000 chars)."""
     try:
