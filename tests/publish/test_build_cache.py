@@ -108,12 +108,14 @@ def test_a_fresh_runner_takes_unchanged_layers_from_the_cache_and_installs_only_
     assert config.get(BUILDKIT_CACHE_KEY), "the cache image must carry BuildKit's cache metadata"
 
     # The second runner: its own dockerd, nothing in its store or builder cache but the base.
+    # A cache that does not exist yet (a new branch's) is skipped, not an error.
+    absent = f"{registry.host}/imagebuild-test/build-cache:absent-{pid}"
     monkeypatch.setenv("DOCKER_HOST", fresh_runner.host)
     runner = DockerEngine()
     downloads = len(blob_gets(registry))
     started = time.monotonic()
     second = pipeline.build(bumped, runner, tag=f"imagebuild-test/cache-bumped:{pid}",
-                            cache=BuildCache(sources=(cache_ref,), insecure_http=True))
+                            cache=BuildCache(sources=(absent, cache_ref), insecure_http=True))
     with_cache = time.monotonic() - started
     layers = runner.inspect(second.image_id).diff_ids
     # Every layer below the probe's files (which carry the lock) is the cache's own, pulled, not rebuilt:
@@ -122,7 +124,7 @@ def test_a_fresh_runner_takes_unchanged_layers_from_the_cache_and_installs_only_
     assert list(layers[:shared]) == cached[:shared]
     assert len(layers) == len(cached) + 2  # the application layer's requirements and its install
     assert not set(layers[shared:]) & set(cached)
-    assert second.smoke.ok and second.cache["from"] == [cache_ref]
+    assert second.smoke.ok and second.cache["from"] == [absent, cache_ref]
     pulled = set(blob_gets(registry)[downloads:])
     assert len(pulled) >= shared  # each cached layer's blob (and the manifest's config) came from the registry
 
