@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 
 import pytest
@@ -139,3 +140,44 @@ def test_a_fresh_runner_takes_unchanged_layers_from_the_cache_and_installs_only_
     assert not set(control[1:]) & set(cached) and len(control) == len(layers)
     print(f"fresh runner, application pin bump: {with_cache:.1f} s with --cache-from, "
           f"{without_cache:.1f} s without")  # measured, not asserted (docs/benchmarks.md)
+
+
+# ---------------------------------------------------------------- buildah keeps its cache itself
+
+def buildah_storage(folder, monkeypatch) -> None:
+    """An empty containers-storage of its own (vfs: no mounts left behind): a fresh buildah runner."""
+    folder.mkdir(parents=True)
+    conf = folder / "storage.conf"
+    conf.write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{folder}/graph"\nrunroot = "{folder}/run"\n')
+    monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(conf))
+
+
+def test_buildah_takes_unchanged_steps_from_the_registry_into_an_empty_storage(registry, tmp_path, monkeypatch):
+    from imagebuild.engine.buildah import BuildahEngine
+    if not shutil.which("buildah"):
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs buildah (apt-get install -y buildah)")
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text("FROM scratch\nCOPY a /a\nCOPY b /b\n")
+    (context / "a").write_text("the unchanged step\n")
+    (context / "b").write_text("one\n")
+    cache = f"{registry.host}/imagebuild-test/buildah-cache"
+    buildah = BuildahEngine()
+
+    buildah_storage(tmp_path / "runner-a", monkeypatch)
+    first = buildah.inspect(buildah.build(context, cache=BuildCache(target=cache, insecure_http=True)))
+
+    def fresh_build(name: str, sources: tuple[str, ...]) -> tuple[list[str], list[str], int]:
+        buildah_storage(tmp_path / name, monkeypatch)
+        before = len(blob_gets(registry))
+        lines: list[str] = []
+        image = buildah.build(context, progress=lines.append, cache=BuildCache(sources=sources, insecure_http=True))
+        return lines, list(buildah.inspect(image).diff_ids), len(blob_gets(registry)) - before
+
+    (context / "b").write_text("two\n")
+    lines, layers, pulled = fresh_build("runner-b", (cache,))
+    assert any(line.startswith("--> Cache pulled from remote") for line in lines), lines
+    assert layers[0] == first.diff_ids[0] and layers[1] != first.diff_ids[1] and pulled >= 1
+    # Negative control: an empty storage with no cache source runs every step itself.
+    lines, layers, pulled = fresh_build("runner-c", ())
+    assert not any("Cache pulled" in line for line in lines) and pulled == 0
