@@ -47,7 +47,7 @@ RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
 # Patches, each applied exactly (no fuzz) to the installed files; a hunk that does not apply fails the build.
 COPY imagebuild/apply_patch.py /opt/imagebuild/apply_patch.py
 COPY patches/01-fix.patch /opt/imagebuild/patches/01-fix.patch
-RUN /opt/venv/bin/python /opt/imagebuild/apply_patch.py --strip 1 \
+RUN /opt/venv/bin/python -B /opt/imagebuild/apply_patch.py --strip 1 \
       --package sgl-deep-gemm --sha256 ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff /opt/venv/lib/python3.11/site-packages /opt/imagebuild/patches/01-fix.patch
 
 ENV DG_JIT_CACHE_DIR="/var/cache/deep_gemm"

@@ -25,7 +25,7 @@ RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi; \
     UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/1-framework.txt; \
-    /opt/venv/bin/python /run/imagebuild/prune.py /opt/venv/lib/python3.11/site-packages /run/imagebuild/prune.json
+    /opt/venv/bin/python -B /run/imagebuild/prune.py /opt/venv/lib/python3.11/site-packages /run/imagebuild/prune.json
 RUN ln -sfn lib /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib64 && ln -sfn libcudart.so.13 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so
 
 # Layer 2/2: kernels (1 wheels, 5 MB of wheels)
@@ -40,7 +40,7 @@ RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi; \
     UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/2-kernels.txt; \
-    /opt/venv/bin/python /run/imagebuild/prune.py /opt/venv/lib/python3.11/site-packages /run/imagebuild/prune.json
+    /opt/venv/bin/python -B /run/imagebuild/prune.py /opt/venv/lib/python3.11/site-packages /run/imagebuild/prune.json
 
 ENV DG_JIT_CACHE_DIR="/var/cache/deep_gemm"
 
