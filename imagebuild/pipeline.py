@@ -377,7 +377,7 @@ def _cached(report: BuildReport, cache: BuildCache | None, engine: Engine, progr
     if cache is None:
         return
     report.cache = {"from": list(cache.sources), "to": cache.target, "digest": None,
-                    "written_by": engine.name if engine.writes_cache else "imagebuild"}
+                    "written_by": (engine.name if engine.writes_cache else "imagebuild") if cache.target else None}
     if cache.target and not engine.writes_cache:
         clock = time.monotonic()
         report.cache["digest"] = push_build_cache(engine, report.image_id, cache, progress)

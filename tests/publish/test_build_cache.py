@@ -125,7 +125,8 @@ def test_a_fresh_runner_takes_unchanged_layers_from_the_cache_and_installs_only_
     assert list(layers[:shared]) == cached[:shared]
     assert len(layers) == len(cached) + 2  # the application layer's requirements and its install
     assert not set(layers[shared:]) & set(cached)
-    assert second.smoke.ok and second.cache["from"] == [absent, cache_ref]
+    assert second.smoke.ok and second.cache == {"from": [absent, cache_ref], "to": None, "digest": None,
+                                                 "written_by": None}
     pulled = set(blob_gets(registry)[downloads:])
     assert len(pulled) >= shared  # each cached layer's blob (and the manifest's config) came from the registry
 
