@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from assemble import BuildKitSteps  # noqa: E402
 from flagship import DOCKER, _Results, bench_recipe, clock, prune, sh  # noqa: E402
 
 from imagebuild import pipeline  # noqa: E402
@@ -46,33 +47,21 @@ RUN --mount=type=bind,source=uv,target=/usr/local/bin/uv --mount=type=secret,id=
     SSL_CERT_FILE=/run/secrets/ca uv venv /opt/venv && \\
     SSL_CERT_FILE=/run/secrets/ca uv pip install --no-cache --python /opt/venv/bin/python sglang=={version}
 """
-STEP = re.compile(r"^#(\d+) \[(?:stage-0\s+)?(\d+)/(\d+)\] (.*)$")
-DONE = re.compile(r"^#(\d+) DONE (\d+(?:\.\d+)?)s$")
-EXPORT = re.compile(r"^#(\d+) exporting layers(?: (\d+(?:\.\d+)?)s)? done$")
 LAYER_FILE = re.compile(r"requirements/\d+-([a-z]+)\.txt")
 
 
 def step_times(lines: list[str]) -> dict[str, float]:
     """BuildKit's own seconds per step of a plain-progress log: each install RUN by its layer, the
     rest summed, and the layer export."""
-    names, seconds = {}, {}
-    export = 0.0
-    for text in lines:
-        text = text.strip()
-        if match := STEP.match(text):
-            instruction = match.group(4)
-            layer = LAYER_FILE.search(instruction)
-            if instruction.startswith("RUN") and layer and "uv pip install" in instruction:
-                names[match.group(1)] = f"install {layer.group(1)}"
-            else:
-                names[match.group(1)] = "other steps"
-        elif match := DONE.match(text):
-            if match.group(1) in names:
-                key = names[match.group(1)]
-                seconds[key] = seconds.get(key, 0.0) + float(match.group(2))
-        elif (match := EXPORT.match(text)) and match.group(2):
-            export += float(match.group(2))
-    seconds["layer export"] = export
+    steps = BuildKitSteps.parse(line.strip() for line in lines)
+    seconds: dict[str, float] = {}
+    for step in steps.steps.values():
+        instruction = step["instruction"]
+        layer = LAYER_FILE.search(instruction)
+        install = instruction.startswith("RUN") and layer and "uv pip install" in instruction
+        key = f"install {layer.group(1)}" if install else "other steps"
+        seconds[key] = seconds.get(key, 0.0) + (step["seconds"] or 0.0)
+    seconds["layer export"] = steps.export_seconds or 0.0
     return seconds
 
 
