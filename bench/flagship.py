@@ -94,6 +94,23 @@ def bench_recipe(folder: Path, version: str, flashinfer: str, deep_gemm: str, ex
     return path
 
 
+def locked_bench(folder: Path, engine) -> tuple[Path, str]:
+    """The flagship bench recipe at sglang 0.5.23, locked, and its base in the engine (as FROM names it)."""
+    recipe = bench_recipe(folder, "0.5.23", "0.7.2", "0.2.3.post2")
+    pipeline.lock(recipe)
+    lock = read_lock(folder / "lockfiles" / "sglang-bench.lock")
+    return recipe, ensure_base_image(lock.base, load_recipe(recipe).base, engine)
+
+
+def baseline_build(context: Path, tag: str, ca: Path) -> float:
+    """A hand-written Dockerfile built as its author would (BuildKit, the CA as a secret, the host's
+    network as ours has); its seconds."""
+    seconds, _ = clock(lambda: sh(
+        DOCKER, "build", "-q", "--network", "host", "--secret", f"id=ca,src={ca}", "-t", tag, str(context),
+        env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}))
+    return seconds
+
+
 def size_breakdown(image: str) -> dict[str, int]:
     done = sh(DOCKER, "run", "--rm", "--network", "none", image, "/opt/venv/bin/python", "-c", SIZES)
     return json.loads(done.stdout)
@@ -125,19 +142,14 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-flagship-") as tmp:
         folder = Path(tmp)
-        recipe = bench_recipe(folder, "0.5.23", "0.7.2", "0.2.3.post2")
-        pipeline.lock(recipe)
-        lock = read_lock(folder / "lockfiles" / "sglang-bench.lock")
-        base = ensure_base_image(lock.base, load_recipe(recipe).base, engine)
+        recipe, base = locked_bench(folder, engine)
 
         naive = folder / "naive"
         naive.mkdir()
         (naive / "Dockerfile").write_text(NAIVE.format(base=base, version="0.5.23"))
 
         def naive_cold() -> float:
-            seconds, _ = clock(lambda: sh(
-                DOCKER, "build", "-q", "--secret", f"id=ca,src={ca}", "-t", "imagebuild-bench/naive", str(naive),
-                env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}))
+            seconds = baseline_build(naive, "imagebuild-bench/naive", ca)
             results["naive_size_gb"] = engine.inspect("imagebuild-bench/naive").size / 1e9
             results["naive_pyc_gb"] = sum(size_breakdown("imagebuild-bench/naive").values()) / 1e9  # with .pyc
             engine.remove("imagebuild-bench/naive")

@@ -33,13 +33,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from assemble import BuildKitSteps  # noqa: E402
-from flagship import DOCKER, _Results, bench_recipe, clock, prune, sh  # noqa: E402
+from flagship import DOCKER, _Results, baseline_build, bench_recipe, clock, locked_bench, prune, sh  # noqa: E402
 
 from imagebuild import pipeline  # noqa: E402
-from imagebuild.bases import ensure_base_image  # noqa: E402
 from imagebuild.engine.docker import DockerEngine  # noqa: E402
-from imagebuild.lock import read_lock, uv_binary  # noqa: E402
-from imagebuild.recipe.model import load_recipe  # noqa: E402
+from imagebuild.lock import uv_binary  # noqa: E402
 
 UV_LINE = """\
 FROM {base}
@@ -84,19 +82,14 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-uvline-") as tmp:
         folder = Path(tmp)
-        recipe = bench_recipe(folder, "0.5.23", "0.7.2", "0.2.3.post2")
-        pipeline.lock(recipe)
-        lock = read_lock(folder / "lockfiles" / "sglang-bench.lock")
-        base = ensure_base_image(lock.base, load_recipe(recipe).base, engine)
+        recipe, base = locked_bench(folder, engine)
         line = folder / "uvline"
         line.mkdir()
         (line / "Dockerfile").write_text(UV_LINE.format(base=base, version="0.5.23"))
         shutil.copy2(uv_binary(), line / "uv")
 
         def uv_cold() -> float:
-            seconds, _ = clock(lambda: sh(
-                DOCKER, "build", "-q", "--network", "host", "--secret", f"id=ca,src={ca}",
-                "-t", "imagebuild-bench/uvline", str(line), env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}))
+            seconds = baseline_build(line, "imagebuild-bench/uvline", ca)
             results["uv_size_gb"] = engine.inspect("imagebuild-bench/uvline").size / 1e9
             engine.remove("imagebuild-bench/uvline")
             return seconds
