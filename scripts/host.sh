@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # docker.io client), mmdebstrap for bases, and the real counterparts the tests talk to.
 APT_PACKAGES=(docker.io mmdebstrap zstd python3 python3-venv ca-certificates git
               skopeo docker-registry apache2-utils openssl buildah umoci systemd-container
-              xz-utils pigz oci-image-tool jq)
+              xz-utils pigz oci-image-tool jq iproute2)
 
 log() { printf '\033[1;36m[host]\033[0m %s\n' "$*" >&2; }
 

@@ -2,13 +2,15 @@
 so a test has a truly fresh runner (empty image store, empty builder cache, empty uv cache mount)
 beside the session's engine, without pruning anything of that engine's.
 
-It runs without a bridge or iptables rules of its own (the first engine owns those): its builds use
-the host's network, as imagebuild's builds do everywhere.
+It gets a bridge of its own and writes no iptables rules (the first engine owns those); its builds
+use the host's network, as imagebuild's builds do everywhere. Never `--bridge none`: a dockerd started
+so deletes the host's docker0, and the first engine's containers lose their network.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +27,7 @@ class Daemon:
     process: subprocess.Popen
     log: Path
     root: Path
+    bridge: str
 
     def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         proc = subprocess.run([DOCKER_CLI, *args], capture_output=True, text=True,
@@ -41,6 +44,7 @@ class Daemon:
             self.process.kill()
             self.process.wait()
         subprocess.run(["umount", "-R", str(self.root / "data")], capture_output=True)  # any mount left
+        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -50,6 +54,8 @@ def why_not() -> str | None:
         return "a second dockerd needs root"
     if shutil.which("dockerd") is None or not os.path.exists(DOCKER_CLI):
         return "dockerd and /usr/bin/docker are needed (apt-get install -y docker.io)"
+    if shutil.which("ip") is None:
+        return "ip is needed for the second engine's bridge (apt-get install -y iproute2)"
     return None
 
 
@@ -59,12 +65,17 @@ def start_daemon() -> Daemon:
     root = Path(tempfile.mkdtemp(prefix="ib-dockerd-", dir="/tmp"))
     sock = f"unix://{root}/docker.sock"
     log = root / "dockerd.log"
+    bridge = "ibd" + root.name[-8:].replace("_", "0")  # an interface name: at most 15 characters
+    address = f"198.18.{random.randrange(256)}.1/24"  # RFC 2544's range: no real network uses it
+    for command in (["ip", "link", "add", "name", bridge, "type", "bridge"],
+                    ["ip", "addr", "add", address, "dev", bridge], ["ip", "link", "set", bridge, "up"]):
+        subprocess.run(command, check=True, capture_output=True)
     process = subprocess.Popen(
         ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-         "--pidfile", str(root / "dockerd.pid"), "-H", sock, "--bridge", "none",
+         "--pidfile", str(root / "dockerd.pid"), "-H", sock, "--bridge", bridge,
          "--iptables=false", "--ip-masq=false"],
         stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    daemon = Daemon(sock, process, log, root)
+    daemon = Daemon(sock, process, log, root, bridge)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:

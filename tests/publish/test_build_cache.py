@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import time
 
 import pytest
@@ -73,9 +74,13 @@ def fresh_runner():
     why = engine_daemon.why_not()
     if why:
         (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
+    docker0 = subprocess.run(["ip", "-br", "link", "show", "docker0"], capture_output=True, text=True).stdout
     daemon = engine_daemon.start_daemon()
     yield daemon
     daemon.stop()
+    # The session engine's bridge outlives the second engine (a dockerd with --bridge none deletes it).
+    after = subprocess.run(["ip", "-br", "link", "show", "docker0"], capture_output=True, text=True).stdout
+    assert after.split()[:1] == docker0.split()[:1], "the second engine took docker0 with it"
 
 
 def cache_diff_ids(registry, reference: str) -> tuple[list[str], dict]:
