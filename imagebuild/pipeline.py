@@ -19,7 +19,7 @@ from imagebuild import compat
 from imagebuild.bases import ensure_base_image, identify
 from imagebuild.common import cache_dir
 from imagebuild.engine import BuildCache, Engine, ImageInfo
-from imagebuild.engine.docker import split_ref
+from imagebuild.engine.contract import split_ref
 from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, RecipeError, SmokeFailed
 from imagebuild.lock import Lock, default_lock_path, ensure_fresh, read_lock, resolve_lock, uv_binary, write_lock
 from imagebuild.publish.build_cache import push_build_cache

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping, Sequence
 
 from imagebuild.common import REPRO_EPOCH
-from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, Progress, RunResult
+from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, Progress, RunResult, split_ref
 from imagebuild.engine.build_log import BUILD_LOG_LINES, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
@@ -48,18 +48,12 @@ def cache_flags(cache: BuildCache | None) -> list[str]:
         return []
     flags = []
     if cache.sources:
-        flags += ["--cache-from", repository_of(cache.sources[0])]
+        flags += ["--cache-from", split_ref(cache.sources[0])[0]]
     if cache.target:
-        flags += ["--cache-to", repository_of(cache.target)]
+        flags += ["--cache-to", split_ref(cache.target)[0]]
     if flags and cache.insecure_http:
         flags.append("--tls-verify=false")
     return flags
-
-
-def repository_of(ref: str) -> str:
-    """`host:5000/name:tag` -> `host:5000/name` (buildah names its cache tags itself)."""
-    name, sep, tag = ref.rpartition(":")
-    return name if sep and "/" not in tag else ref
 
 
 class BuildahEngine(Engine):

@@ -51,6 +51,14 @@ class RunResult:
     timed_out: bool = False
 
 
+def split_ref(ref: str) -> tuple[str, str]:
+    """`host:5000/name:tag` -> (`host:5000/name`, `tag`); no tag -> `latest`."""
+    name, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag:
+        return ref, "latest"
+    return name, tag
+
+
 class Engine(abc.ABC):
     name: str = "engine"
     writes_cache: bool = False  # True: build() itself writes BuildCache.target

@@ -14,7 +14,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, Progress, RunResult
+from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, Progress, RunResult, split_ref
 from imagebuild.engine.build_log import BUILD_LOG_LINES, TAIL_SHOWN, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming, widen_pipe
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
@@ -36,14 +36,6 @@ def find_cli() -> str:
 
 
 _EXPORT_CHUNK = 1 << 20
-
-
-def split_ref(ref: str) -> tuple[str, str]:
-    """`host:5000/name:tag` -> (`host:5000/name`, `tag`); no tag -> `latest`."""
-    name, sep, tag = ref.rpartition(":")
-    if not sep or "/" in tag:
-        return ref, "latest"
-    return name, tag
 
 
 def cache_flags(cache: BuildCache | None) -> list[str]:

@@ -9,21 +9,12 @@ never carries that metadata, so its digest stays reproducible.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from imagebuild.engine.contract import BuildCache
-from imagebuild.publish.push_source import export_engine_image
-from imagebuild.publish.registry import push
+from imagebuild.publish.registry import push_engine_image
 from imagebuild.publish.registry_client import Progress, _quiet
 
 
 def push_build_cache(engine, image: str, cache: BuildCache, progress: Progress = _quiet) -> str:
     """Push `image` with its build-cache metadata to cache.target; returns the pushed digest."""
-    with tempfile.TemporaryDirectory(prefix="imagebuild-cache-") as tmp:
-        layout = Path(tmp) / "layout"
-        export_engine_image(engine, image, layout, progress, build_cache=True)
-        progress(f"pushing the build cache of {image} to {cache.target}")
-        report = push(layout, cache.target, ca_cert=cache.ca_cert, insecure_http=cache.insecure_http,
-                      progress=progress)
-    return report.digest
+    return push_engine_image(engine, image, cache.target, ca_cert=cache.ca_cert, insecure_http=cache.insecure_http,
+                             build_cache=True, progress=progress).digest

@@ -7,14 +7,11 @@ pushed, so a lock tag in the registry stands for a smoke-tested image.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from imagebuild.image.oci import MEDIA_INDEX, MEDIA_MANIFEST
-from imagebuild.publish.push_source import (DOCKER_LIST, DOCKER_MANIFEST, Reference, export_engine_image,
-                                            parse_reference)
-from imagebuild.publish.registry import push
+from imagebuild.publish.push_source import DOCKER_LIST, DOCKER_MANIFEST, Reference, parse_reference
+from imagebuild.publish.registry import push_engine_image
 from imagebuild.publish.registry_auth import RegistryError
 from imagebuild.publish.registry_client import Progress, RegistryClient, _quiet, describe
 
@@ -96,11 +93,8 @@ def push_by_lock(engine, image: str, target: RegistryTarget, lock_sha256: str, t
                  progress: Progress = _quiet) -> RegistryHit:
     """Push a smoke-tested engine image under tag, then the same manifest under the lock's tag."""
     ref, locked = target.reference(tag), target.reference(lock_tag(lock_sha256))
-    with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:
-        layout = Path(tmp) / "layout"
-        export_engine_image(engine, image, layout, progress)
-        progress(f"pushing {image} to {ref}")
-        report = push(layout, ref, ca_cert=target.ca_cert, insecure_http=target.insecure_http, progress=progress)
+    report = push_engine_image(engine, image, ref, ca_cert=target.ca_cert, insecure_http=target.insecure_http,
+                               progress=progress)
     copy_manifest(target.client(progress), parse_reference(f"{ref.registry}/{ref.repository}@{report.digest}"),
                   locked)
     return RegistryHit(str(ref), report.digest, str(locked))

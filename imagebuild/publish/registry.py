@@ -8,6 +8,7 @@ half-pushed image. The manifest bytes are the layout's own, so the pushed digest
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 from imagebuild.common import cache_dir, write_atomic
 from imagebuild.errors import ImagebuildError
 from imagebuild.image.oci import LayoutError
-from imagebuild.publish.push_source import Blob, Manifest, Reference, parse_reference, read_layout
+from imagebuild.publish.push_source import Blob, Manifest, Reference, export_engine_image, parse_reference, read_layout
 from imagebuild.publish.registry_auth import AuthFailed, Credentials, RegistryError, parse_upload_range
 from imagebuild.publish.registry_client import (RETRY_ERRORS, RETRY_STATUS, Progress, RegistryClient, _quiet, describe,
                                                 with_query)
@@ -293,3 +294,15 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
     cache.save()
     return PushReport(str(ref), image.digest, image.media_type, str(source), results,
                       len(everything), client.retried, time.monotonic() - started)
+
+
+def push_engine_image(engine, image: str, reference: str | Reference, *, ca_cert: str | Path | None = None,
+                      insecure_http: bool = False, build_cache: bool = False,
+                      progress: Progress = _quiet) -> PushReport:
+    """An engine image written as an OCI layout in a temp folder, then pushed (build_cache: with
+    BuildKit's cache metadata kept, for the image pushed as a build cache)."""
+    with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:
+        layout = Path(tmp) / "layout"
+        export_engine_image(engine, image, layout, progress, build_cache=build_cache)
+        progress(f"pushing {image} to {reference}")
+        return push(layout, reference, ca_cert=ca_cert, insecure_http=insecure_http, progress=progress)
