@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping, Sequence
 
 from imagebuild.common import REPRO_EPOCH
-from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, Progress, RunResult, split_ref
+from imagebuild.engine.contract import (BuildCache, Engine, ImageInfo, Progress, RunResult, config_platform,
+                                         split_ref)
 from imagebuild.engine.build_log import BUILD_LOG_LINES, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
@@ -148,7 +149,8 @@ class BuildahEngine(Engine):
         return ImageInfo(id="sha256:" + image_id.removeprefix("sha256:"),
                          size=parse_size(row.get("size", "")), labels=dict(run.get("Labels") or {}),
                          diff_ids=tuple((config.get("rootfs") or {}).get("diff_ids") or ()),
-                         tags=tuple(row.get("names") or ()), env=tuple(run.get("Env") or ()))
+                         tags=tuple(row.get("names") or ()), env=tuple(run.get("Env") or ()),
+                         platform=config_platform(config.get("os"), config.get("architecture"), config.get("variant")))
 
     def remove(self, ref: str) -> None:
         self._run("rmi", "-f", ref.removeprefix("sha256:"), check=False)

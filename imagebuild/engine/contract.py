@@ -27,6 +27,7 @@ class ImageInfo:
     diff_ids: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
+    platform: str = ""  # "linux/arm64", from the image config's os, architecture (and variant)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ class RunResult:
     stdout: str
     stderr: str
     timed_out: bool = False
+
+
+def config_platform(os_name: str | None, architecture: str | None, variant: str | None = None) -> str:
+    """An image config's os/architecture[/variant] as one platform string; amd64 when unsaid."""
+    text = f"{os_name or 'linux'}/{architecture or 'amd64'}"
+    return f"{text}/{variant}" if variant else text
 
 
 def split_ref(ref: str) -> tuple[str, str]:

@@ -14,7 +14,8 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, Progress, RunResult, split_ref
+from imagebuild.engine.contract import (BuildCache, Engine, ImageInfo, Progress, RunResult, config_platform,
+                                         split_ref)
 from imagebuild.engine.build_log import BUILD_LOG_LINES, TAIL_SHOWN, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming, widen_pipe
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
@@ -155,7 +156,8 @@ class DockerEngine(Engine):
         return ImageInfo(id=data["Id"], size=int(data.get("Size") or 0),
                          labels=dict(config.get("Labels") or {}),
                          diff_ids=tuple((data.get("RootFS") or {}).get("Layers") or ()),
-                         tags=tuple(data.get("RepoTags") or ()), env=tuple(config.get("Env") or ()))
+                         tags=tuple(data.get("RepoTags") or ()), env=tuple(config.get("Env") or ()),
+                         platform=config_platform(data.get("Os"), data.get("Architecture"), data.get("Variant")))
 
     def remove(self, ref: str) -> None:
         try:
