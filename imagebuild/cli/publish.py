@@ -27,7 +27,7 @@ def byte_size(text: str) -> int:
 
 def add_commands(command) -> None:
     cmd = command("push", "push an image (an OCI layout folder or an engine image) to a registry; "
-                          "prints the pushed digest")
+                          "prints the pushed digest (an image index: with each platform's manifest)")
     cmd.add_argument("source", help="an OCI image layout directory, or an image in the engine")
     cmd.add_argument("reference", help="where to: HOST[:PORT]/REPOSITORY[:TAG]")
     cmd.add_argument("--ca-cert", type=Path, metavar="PATH",
@@ -78,5 +78,7 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
     counts = {a: sum(b.action == a for b in report.blobs) for a in ("uploaded", "mounted", "exists")}
     out.print(line(f"blobs: {counts['uploaded']} uploaded, {counts['mounted']} mounted, "
                    f"{counts['exists']} already there; {report.bytes_sent} bytes sent in {report.seconds:.1f} s"))
+    for entry in report.platforms:
+        out.print(line("  ", entry["platform"] or "(no platform)", "  ", entry["digest"]))
     out.print(line(report.pinned))
     return EXIT_OK

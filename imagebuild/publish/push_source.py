@@ -82,11 +82,20 @@ class Manifest:
     blobs: list[Blob] = field(default_factory=list)  # config, then layers
     children: list[Manifest] = field(default_factory=list)  # an index's manifests
     referrers: list[Manifest] = field(default_factory=list)  # manifests whose subject this is (SBOMs)
+    platform: str = ""  # an index child's os/architecture[/variant], as the index says
 
     def walk(self) -> Iterator[Manifest]:
         """Children before parents: the order they must reach the registry in."""
         for child in self.children:
             yield from child.walk()
+        yield self
+
+    def push_order(self) -> Iterator[Manifest]:
+        """walk(), each manifest preceded by the artifacts that name it as their subject."""
+        for child in self.children:
+            yield from child.push_order()
+        for referrer in self.referrers:
+            yield from referrer.walk()
         yield self
 
 
@@ -108,14 +117,24 @@ def _load_manifest(root: Path, descriptor: dict, where: str) -> Manifest:
         raise LayoutError(f"{where}: manifest {descriptor['digest']} does not match its bytes")
     try:
         body = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise LayoutError(f"{where}: manifest {descriptor['digest']} is not JSON") from None
+    if not isinstance(body, dict):
+        raise LayoutError(f"{where}: manifest {descriptor['digest']} is not a JSON object")
     media_type = descriptor.get("mediaType") or body.get("mediaType") or ""
-    manifest = Manifest(descriptor["digest"], media_type, data)
+    manifest = Manifest(descriptor["digest"], media_type if isinstance(media_type, str) else "", data)
     if media_type in INDEX_TYPES:
-        manifest.children = [_load_manifest(root, child, where) for child in body.get("manifests", [])]
+        children = body.get("manifests", [])
+        if not isinstance(children, list):
+            raise LayoutError(f"{where}: index {descriptor['digest']} has no `manifests` list")
+        for child in children:
+            manifest.children.append(_load_manifest(root, child, where))
+            manifest.children[-1].platform = platform_text(child.get("platform"))
     elif media_type in MANIFEST_TYPES:
-        for entry in [body.get("config")] + list(body.get("layers") or []):
+        layers = body.get("layers") or []
+        if not isinstance(layers, list):
+            raise LayoutError(f"{where}: manifest {descriptor['digest']} has no `layers` list")
+        for entry in [body.get("config")] + layers:
             if isinstance(entry, dict) and entry.get("urls"):
                 continue  # a foreign layer lives elsewhere; registries do not take it
             blob_path = _blob_path(root, entry, where)
@@ -125,9 +144,23 @@ def _load_manifest(root: Path, descriptor: dict, where: str) -> Manifest:
                                   f"bytes, its descriptor says {size}")
             manifest.blobs.append(Blob(entry["digest"], size, blob_path))
     else:
-        raise LayoutError(f"{where}: manifest {descriptor['digest']} has media type {media_type!r}, "
+        raise LayoutError(f"{where}: manifest {descriptor['digest']} has media type {media_type!r:.100}, "
                           f"not an image manifest or index")
     return manifest
+
+
+def platform_text(value) -> str:
+    """An index entry's platform as `os/architecture[/variant]`; "" when it names none."""
+    if not isinstance(value, dict):
+        return ""
+    parts = [value.get(key) for key in ("os", "architecture", "variant")]
+    return "/".join(p for p in parts if isinstance(p, str) and p)
+
+
+def _subject(manifest: Manifest) -> str | None:
+    subject = json.loads(manifest.data).get("subject")
+    digest = subject.get("digest") if isinstance(subject, dict) else None
+    return digest if isinstance(digest, str) else None
 
 
 def read_layout(root: str | Path, name: str | None = None) -> Manifest:
@@ -137,27 +170,35 @@ def read_layout(root: str | Path, name: str | None = None) -> Manifest:
         raise LayoutError(f"{root} is not an OCI image layout (no oci-layout and index.json)")
     try:
         entries = json.loads((root / "index.json").read_text())["manifests"]
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
         raise LayoutError(f"{root}/index.json has no `manifests` list") from None
-    names = [((e.get("annotations") or {}).get(oci.REF_NAME), e)
-             for e in entries if isinstance(e, dict)]
-    chosen = [e for n, e in names if name is None or n == name]
+    if not isinstance(entries, list):
+        raise LayoutError(f"{root}/index.json has no `manifests` list")
+    names = [(_ref_name(e), e) for e in entries if isinstance(e, dict)]
+    # without a name, the one image (or image index); artifacts such as SBOMs are not candidates
+    chosen = [e for n, e in names if (n == name if name is not None else not e.get("artifactType"))]
     if len(chosen) != 1:
         listed = ", ".join(str(n) for n, _ in names) or "none"
         raise LayoutError(f"{root} holds {len(chosen)} image(s) "
                           f"{'named ' + repr(name) if name else 'in index.json'}; pick one with "
                           f"--layout-name (names: {listed})")
     image = _load_manifest(root, chosen[0], str(root))
-    for entry in entries:  # artifacts that name the image as their subject travel with it
+    subjects = {m.digest: m for m in image.walk()}
+    for entry in entries:  # artifacts that name the image (or a platform's manifest) travel with it
         if entry is not chosen[0] and isinstance(entry, dict) and entry.get("mediaType") == OCI_MANIFEST:
             try:
                 other = _load_manifest(root, entry, str(root))
             except LayoutError:
                 continue  # another image's damage is not this push's business
-            subject = json.loads(other.data).get("subject")
-            if isinstance(subject, dict) and subject.get("digest") == image.digest:
-                image.referrers.append(other)
+            if _subject(other) in subjects:
+                subjects[_subject(other)].referrers.append(other)
     return image
+
+
+def _ref_name(entry: dict) -> str | None:
+    annotations = entry.get("annotations")
+    found = annotations.get(oci.REF_NAME) if isinstance(annotations, dict) else None
+    return found if isinstance(found, str) else None
 
 
 def export_engine_image(engine, image: str, out_dir: Path, progress: Progress = _quiet, *,

@@ -93,6 +93,7 @@ class PushReport:
     retries: int
     seconds: float
     exported_with: str = ""  # how an engine image became a layout, when it was one
+    platforms: list[dict] = field(default_factory=list)  # an index's: platform, manifest digest, referrers
 
     @property
     def bytes_sent(self) -> int:
@@ -107,7 +108,8 @@ class PushReport:
                 "media_type": self.media_type, "source": self.source,
                 "exported_with": self.exported_with or None, "manifests": self.manifests,
                 "bytes_sent": self.bytes_sent, "retries": self.retries,
-                "seconds": round(self.seconds, 3), "blobs": [b.to_dict() for b in self.blobs]}
+                "seconds": round(self.seconds, 3), "blobs": [b.to_dict() for b in self.blobs],
+                **({"platforms": self.platforms} if self.platforms else {})}
 
 
 class _FileSlice:
@@ -277,7 +279,7 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
     if ref.digest and ref.digest != image.digest:
         raise ImagebuildError(f"{ref} pins {ref.digest}, but the layout's image is {image.digest}")
     cache = MountCache(cache_dir() / "registry-blobs.json" if remember else None)
-    everything = [m for r in image.referrers for m in r.walk()] + list(image.walk())
+    everything = list(image.push_order())
     blobs = list({b.digest: b for m in everything for b in m.blobs}.values())
     sources = {b.digest: [s for s in dict.fromkeys([*mount_from, *cache.sources(
         ref.registry, b.digest, ref.repository)]) if s != ref.repository] for b in blobs}
@@ -292,8 +294,10 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
         pusher.put_manifest(manifest, (ref.tag or ref.digest) if manifest is image else manifest.digest)
     cache.record(ref.registry, ref.repository, [b.digest for b in blobs])
     cache.save()
+    platforms = [{"platform": child.platform or None, "digest": child.digest,
+                  "referrers": [r.digest for r in child.referrers]} for child in image.children]
     return PushReport(str(ref), image.digest, image.media_type, str(source), results,
-                      len(everything), client.retried, time.monotonic() - started)
+                      len(everything), client.retried, time.monotonic() - started, platforms=platforms)
 
 
 def push_engine_image(engine, image: str, reference: str | Reference, *, ca_cert: str | Path | None = None,
