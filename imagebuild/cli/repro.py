@@ -14,7 +14,7 @@ from rich.console import Console
 from imagebuild.cli.output import line
 from imagebuild.engine import default_engine
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, ImagebuildError
-from imagebuild.image import export, oci, sbom, verify
+from imagebuild.image import export, index, oci, sbom, verify
 from imagebuild.lock import Lock, parse_lock, read_lock
 
 ENGINES = ("docker", "buildah")
@@ -22,11 +22,17 @@ IMAGE_LOCK = "opt/imagebuild/lock.json"  # the lock every image carries (Dockerf
 
 
 def add_commands(command) -> None:
-    cmd = command("export-oci", "write an image as a deterministic OCI layout (with its SBOM attached)")
-    cmd.add_argument("image", help="engine image reference or id")
+    cmd = command("export-oci", "write an image as a deterministic OCI layout (with its SBOM attached); "
+                                "several images, one per platform, as one multi-platform image index")
+    cmd.add_argument("image", nargs="+",
+                     help="engine image reference or id; several: one per platform (NAME:TAG-amd64 "
+                          "NAME:TAG-arm64), written under one OCI image index")
     cmd.add_argument("-o", "--out", type=Path, required=True, help="layout folder (replaced)")
-    cmd.add_argument("--lock", type=Path, help="the image's lock (default: the one inside the image)")
-    cmd.add_argument("--ref-name", help="the layout's ref name (default: the image's tag)")
+    cmd.add_argument("--lock", type=Path,
+                     help="the image's lock (default: the one inside the image); only with one image: "
+                          "several images each use their own /opt/imagebuild/lock.json")
+    cmd.add_argument("--ref-name", help="the layout's ref name (default: the image's tag; several images: "
+                                        "their tag without its -ARCH suffix)")
     cmd.add_argument("--no-sbom", action="store_true", help="write no SBOM")
     _engine_option(cmd)
     cmd.set_defaults(handler=export_command)
@@ -84,27 +90,60 @@ def sbom_path_for(layout: Path) -> Path:
     return layout.parent / f"{layout.name}.cdx.json"
 
 
+def layout_sbom(engine, layout_dir: Path, image: str, explicit_lock: Path | None,
+                manifest_digest: str) -> dict:
+    """The SBOM of the one image in a layout just exported from `image`."""
+    layout = oci.read_layout(layout_dir)
+    lock = image_lock(engine, f"oci:{layout_dir}", explicit_lock)
+    name, tag = _name_and_tag(verify.ImageFiles(layout.config, {}, {}).labels, image)
+    return sbom.build_sbom(lock, image_name=name, image_tag=tag, manifest_digest=manifest_digest)
+
+
 def export_command(args, out: Console, err: Console) -> int:
     engine = default_engine(args.engine)
-    with err.status(line("exporting ", args.image)):
-        result = export.export_layout(engine, args.image, args.out, ref_name=args.ref_name)
+    if len(args.image) > 1:
+        return export_index_command(engine, args, out, err)
+    image = args.image[0]
+    with err.status(line("exporting ", image)):
+        result = export.export_layout(engine, image, args.out, ref_name=args.ref_name)
     report = result.to_dict()
     if not args.no_sbom:
-        layout = oci.read_layout(args.out)
-        lock = image_lock(engine, f"oci:{args.out}", args.lock)
-        name, tag = _name_and_tag(verify.ImageFiles(layout.config, {}, {}).labels, args.image)
-        document = sbom.build_sbom(lock, image_name=name, image_tag=tag,
-                                   manifest_digest=result.manifest_digest)
+        document = layout_sbom(engine, args.out, image, args.lock, result.manifest_digest)
         path = sbom.write_sbom(document, sbom_path_for(Path(args.out)))
         attached = sbom.attach_sbom(args.out, document)
         report["sbom"] = {"file": str(path), "artifact_digest": attached.digest}
     if args.json:
         out.print_json(data=report)
     else:
-        out.print(line(("exported", "green"), " ", args.image, " -> ", str(args.out), "  manifest ",
+        out.print(line(("exported", "green"), " ", image, " -> ", str(args.out), "  manifest ",
                        result.manifest_digest, f"  ({len(result.layers)} layers, {result.seconds:.1f} s)"))
         if "sbom" in report:
             out.print(line("  SBOM ", report["sbom"]["file"], " (attached as ", report["sbom"]["artifact_digest"], ")"))
+    return EXIT_OK
+
+
+def export_index_command(engine, args, out: Console, err: Console) -> int:
+    """Several images, one per platform: one layout under an image index, an SBOM per platform."""
+    if args.lock:
+        raise ImagebuildError("--lock names one image's lock: with several images each image's own "
+                              f"/{IMAGE_LOCK} is used (export them one at a time to give locks)")
+    sbom_for = None if args.no_sbom else (
+        lambda part, image, result: layout_sbom(engine, part, image, None, result.manifest_digest))
+    with err.status(line("exporting ", " ".join(args.image))):
+        result = index.export_index(engine, args.image, args.out, ref_name=args.ref_name, sbom_for=sbom_for)
+    report = result.to_dict()
+    for entry, item in zip(report["platforms"], result.platforms):
+        if item.sbom_document is not None:
+            path = Path(args.out).parent / f"{Path(args.out).name}.{item.platform.slug}.cdx.json"
+            entry["sbom_file"] = str(sbom.write_sbom(item.sbom_document, path))
+    if args.json:
+        out.print_json(data=report)
+        return EXIT_OK
+    out.print(line(("exported", "green"), f" {len(result.platforms)} platforms -> ", str(args.out),
+                   "  index ", result.index.digest, f"  ({result.seconds:.1f} s)"))
+    for entry in report["platforms"]:
+        out.print(line("  ", entry["platform"], " ", entry["image"], "  manifest ", entry["manifest_digest"],
+                       *(("  SBOM ", entry["sbom_file"]) if "sbom_file" in entry else ())))
     return EXIT_OK
 
 

@@ -1,0 +1,239 @@
+"""A multi-platform OCI layout: one engine image per platform, under one OCI image index.
+
+Docker 20.10 keeps one image per platform (`NAME:TAG-amd64`, `NAME:TAG-arm64`). Each is exported
+exactly as the single-image path does (export.py: same normalization, same manifest digest) into a
+part of the staged layout, its SBOM attached there; the parts' blobs are then pooled and an image
+index names each platform's manifest with its `platform` (os, architecture, variant when the config
+has one), sorted by platform, so the same images always give the same index digest. index.json
+names the index (with the ref name) and, beside it, each platform's SBOM artifact (whose subject is
+that platform's manifest), as the single-image layout lists its SBOM beside its manifest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from imagebuild.common import REPRO_EPOCH
+from imagebuild.errors import ImagebuildError
+from imagebuild.image import oci, sbom
+from imagebuild.image.export import LayerCache, LayoutResult, export_layout, ref_name_of, staged_dir
+from imagebuild.image.oci import MEDIA_INDEX, MEDIA_MANIFEST, REF_NAME, Descriptor, LayoutError
+
+
+class DuplicatePlatform(ImagebuildError):
+    """Two images for one platform: an index holds one manifest per platform."""
+
+
+@dataclass(frozen=True, order=True)
+class Platform:
+    os: str
+    architecture: str
+    variant: str = ""
+
+    def __str__(self) -> str:
+        return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
+
+    @property
+    def slug(self) -> str:
+        """`linux-arm64-v8`: a platform in a file name."""
+        return str(self).replace("/", "-")
+
+    def to_dict(self) -> dict:
+        out = {"architecture": self.architecture, "os": self.os}
+        if self.variant:
+            out["variant"] = self.variant
+        return out
+
+    @classmethod
+    def parse(cls, text: str) -> Platform:
+        """`linux/arm64[/v8]`, as engine.contract.config_platform writes it."""
+        parts = text.split("/")
+        return cls(parts[0], parts[1] if len(parts) > 1 else "", "/".join(parts[2:]))
+
+
+@dataclass(frozen=True)
+class PlatformImage:
+    platform: Platform
+    manifest: Descriptor  # the platform's image manifest
+    sbom: Descriptor | None = None  # the SBOM artifact whose subject it is
+    image: str = ""  # the engine image it was exported from
+    sbom_document: dict | None = None
+
+    def to_dict(self) -> dict:
+        return {"platform": str(self.platform), "image": self.image or None,
+                "manifest_digest": self.manifest.digest,
+                "sbom_artifact": self.sbom.digest if self.sbom else None}
+
+
+@dataclass(frozen=True)
+class IndexLayout:
+    path: Path
+    index: Descriptor  # index.json's entry for the image index (carries the ref name)
+    platforms: tuple[PlatformImage, ...]
+    seconds: float = 0.0
+
+    @property
+    def ref_name(self) -> str:
+        return self.index.annotations.get(REF_NAME, "")
+
+    def manifest_for(self, platform: str) -> Descriptor:
+        for item in self.platforms:
+            if str(item.platform) == platform:
+                return item.manifest
+        raise LayoutError(f"{self.path}: no manifest for {platform} "
+                          f"(has {', '.join(str(p.platform) for p in self.platforms)})")
+
+    def to_dict(self) -> dict:
+        return {"layout": str(self.path), "ref_name": self.ref_name, "media_type": MEDIA_INDEX,
+                "index_digest": self.index.digest,
+                "platforms": [p.to_dict() for p in self.platforms], "seconds": round(self.seconds, 2)}
+
+
+# ---------------------------------------------------------------- writing
+
+# hook: (the part's single-image layout, the engine image, its export) -> its SBOM document
+SbomFor = Callable[[Path, str, LayoutResult], dict]
+
+
+def check_platforms(engine, images: list[str]) -> dict[str, Platform]:
+    """Each image's platform, from its config; two images of one platform are an error."""
+    found: dict[str, Platform] = {}
+    for image in images:
+        info = engine.inspect(image)
+        if info is None:
+            raise ImagebuildError(f"no image {image!r} in the {engine.name} engine")
+        platform = Platform.parse(info.platform or "linux/amd64")
+        same = [other for other, p in found.items() if p == platform]
+        if same:
+            raise DuplicatePlatform(f"{same[0]} and {image} are both {platform}: give one image per "
+                                    f"platform")
+        found[image] = platform
+    return found
+
+
+def shared_ref_name(images: dict[str, Platform]) -> str:
+    """The tag the images share once their `-ARCH[-VARIANT]` suffix is dropped (`1.0-arm64` -> `1.0`)."""
+    names = set()
+    for image, platform in images.items():
+        tag = ref_name_of(image)
+        variant = f"(?:-?{re.escape(platform.variant)})?" if platform.variant else ""
+        names.add(re.sub(f"-{re.escape(platform.architecture)}{variant}$", "", tag) or tag)
+    if len(names) != 1:
+        raise ImagebuildError(f"the images' tags do not share one name once their platform suffix is "
+                              f"dropped ({', '.join(sorted(names))}): pass --ref-name NAME")
+    return names.pop()
+
+
+def export_index(engine, images: list[str], out_dir: Path, *, ref_name: str | None = None,
+                 epoch: int = REPRO_EPOCH, cache: LayerCache | None | bool = True,
+                 sbom_for: SbomFor | None = None) -> IndexLayout:
+    """Write one image per platform as one OCI layout under an image index (out_dir replaced
+    atomically; nothing is written when two images share a platform)."""
+    started = time.monotonic()
+    platforms = check_platforms(engine, images)
+    ref_name = ref_name or shared_ref_name(platforms)
+    out_dir = Path(out_dir)
+    done: list[PlatformImage] = []
+    with staged_dir(out_dir) as staging:
+        parts = staging / ".parts"
+        for n, (image, platform) in enumerate(sorted(platforms.items(), key=lambda item: item[1])):
+            part = parts / str(n)
+            result = export_layout(engine, image, part, epoch=epoch, ref_name=ref_name, cache=cache)
+            written = oci.read_layout(part)
+            config = written.config
+            saved = Platform(config["os"], config["architecture"], config.get("variant", ""))
+            if saved != platform:  # what the engine's inspect said, and what its saved config says
+                raise LayoutError(f"{image}: the engine says {platform}, its saved config {saved}")
+            document = sbom_for(part, image, result) if sbom_for else None
+            artifact = sbom.attach_sbom(part, document, epoch=epoch) if document else None
+            _pool_blobs(part, staging)
+            manifest = Descriptor(MEDIA_MANIFEST, written.manifest.digest, written.manifest.size)
+            done.append(PlatformImage(platform, manifest, artifact, image, document))
+        shutil.rmtree(parts)
+        index = oci.canonical_json(image_index(done))
+        entry = Descriptor(MEDIA_INDEX, oci.write_blob(staging, index), len(index),
+                           annotations={REF_NAME: ref_name})
+        oci.write_index(staging, [entry] + [p.sbom for p in done if p.sbom])
+    return IndexLayout(out_dir, entry, tuple(done), time.monotonic() - started)
+
+
+def image_index(platforms: list[PlatformImage]) -> dict:
+    return {"schemaVersion": 2, "mediaType": MEDIA_INDEX,
+            "manifests": [{**p.manifest.to_dict(), "platform": p.platform.to_dict()}
+                          for p in sorted(platforms, key=lambda p: p.platform)]}
+
+
+def _pool_blobs(part: Path, staging: Path) -> None:
+    """Move a part's blobs into the layout's one blob folder (a blob two platforms share, once)."""
+    target = staging / "blobs" / "sha256"
+    target.mkdir(parents=True, exist_ok=True)
+    for blob in sorted((part / "blobs" / "sha256").iterdir()):
+        if not (target / blob.name).exists():
+            os.replace(blob, target / blob.name)
+
+
+# ---------------------------------------------------------------- reading
+
+def parse_platform(value, where: str) -> Platform:
+    if not isinstance(value, dict):
+        raise LayoutError(f"{where}: expected a platform object")
+    os_name, architecture, variant = value.get("os"), value.get("architecture"), value.get("variant", "")
+    if not isinstance(os_name, str) or not os_name or not isinstance(architecture, str) or not architecture:
+        raise LayoutError(f"{where}: expected os and architecture as text")
+    if not isinstance(variant, str):
+        raise LayoutError(f"{where}.variant: expected text")
+    return Platform(os_name, architecture, variant)
+
+
+def parse_image_index(data: bytes, where: str) -> tuple[tuple[Descriptor, Platform], ...]:
+    """An image index -> its (image manifest, platform) entries, each checked."""
+    body = oci.load_json(data, where)
+    if not isinstance(body, dict) or body.get("schemaVersion") != 2:
+        raise LayoutError(f"{where}: expected an image index with schemaVersion 2")
+    if body.get("mediaType", MEDIA_INDEX) != MEDIA_INDEX:
+        raise LayoutError(f"{where}: media type {body.get('mediaType')!r} is not {MEDIA_INDEX}")
+    entries = body.get("manifests")
+    if not isinstance(entries, list):
+        raise LayoutError(f"{where}.manifests: expected a list")
+    out = []
+    for i, entry in enumerate(entries):
+        desc = oci.parse_descriptor(entry, f"{where}.manifests[{i}]")
+        if desc.media_type != MEDIA_MANIFEST:
+            raise LayoutError(f"{where}.manifests[{i}]: {desc.media_type!r} is not an image manifest")
+        out.append((desc, parse_platform(entry.get("platform"), f"{where}.manifests[{i}].platform")))
+    return tuple(out)
+
+
+def read_index_layout(layout: Path, ref_name: str | None = None) -> IndexLayout:
+    """Read and check an index layout: the index, each platform's manifest, and their SBOM artifacts."""
+    layout = Path(layout)
+    try:
+        marker = oci.load_json((layout / "oci-layout").read_bytes(), f"{layout}/oci-layout")
+        entries = oci.parse_index((layout / "index.json").read_bytes(), f"{layout}/index.json")
+    except OSError:
+        raise LayoutError(f"{layout} is not an OCI image layout (no oci-layout and index.json)") from None
+    if not isinstance(marker, dict) or not isinstance(marker.get("imageLayoutVersion"), str):
+        raise LayoutError(f"{layout}/oci-layout: expected {{\"imageLayoutVersion\": ...}}")
+    indexes = [d for d in entries if d.media_type == MEDIA_INDEX
+               and (ref_name is None or d.annotations.get(REF_NAME) == ref_name)]
+    if len(indexes) != 1:
+        wanted = f" named {ref_name!r}" if ref_name else ""
+        raise LayoutError(f"{layout}/index.json: expected one image index{wanted}, found {len(indexes)}")
+    platforms = parse_image_index(oci.read_blob(layout, indexes[0]), indexes[0].digest)
+    artifacts: dict[str, Descriptor] = {}
+    for desc in entries:
+        if desc.media_type == MEDIA_MANIFEST and desc.artifact_type == sbom.MEDIA_CYCLONEDX:
+            _, _, subject = oci.parse_manifest(oci.read_blob(layout, desc), desc.digest)
+            if subject is not None:
+                artifacts[subject.digest] = desc
+    found = []
+    for desc, platform in platforms:
+        oci.parse_manifest(oci.read_blob(layout, desc), desc.digest)
+        found.append(PlatformImage(platform, desc, artifacts.get(desc.digest)))
+    return IndexLayout(layout, indexes[0], tuple(found))
