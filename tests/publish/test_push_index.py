@@ -1,0 +1,157 @@
+"""imagebuild push of a multi-platform layout (an OCI image index) to a real loopback docker-registry,
+read back by skopeo: the index under the tag, each platform's manifest and SBOM by digest, and the
+arm64 image pulled back by platform. How push reads a layout's index is checked on arbitrary input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from imagebuild.cli import app as cli
+from imagebuild.image import index, oci
+from imagebuild.image.oci import LayoutError
+from imagebuild.publish import push_source
+from tests.image.test_oci import json_values
+from tests.image.test_oci_index import build_platform_image
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+import registry_server  # noqa: E402
+from registry_server import start_registry  # noqa: E402
+
+REPO = f"imagebuild-test/push-index-{os.getpid()}"
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """No credentials, docker config or blob cache from the machine running the tests."""
+    for name in list(os.environ):
+        if name.startswith("IMAGEBUILD_REGISTRY_") or name in ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
+    monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))
+
+
+def imagebuild(capsys, *argv) -> tuple[int, dict]:
+    capsys.readouterr()
+    code = cli.main([str(a) for a in argv] + ["--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def layouts(engine, tmp_path_factory):
+    """The index layout export-oci writes for an amd64 and an arm64 image, and the single-image
+    layout of the arm64 one (each with SBOMs attached)."""
+    missing = registry_server.missing_tools()
+    if missing:
+        pytest.skip("needs " + ", ".join(missing))
+    folder = tmp_path_factory.mktemp("push-index")
+    refs = [f"{REPO}:7-amd64", f"{REPO}:7-arm64"]
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("IMAGEBUILD_CACHE", str(folder / "cache"))
+            for ref in refs:
+                build_platform_image(engine, folder, "linux/" + ref.rsplit("-", 1)[1], ref)
+            for argv in ([*refs, "-o", folder / "multi"], [refs[1], "-o", folder / "single"]):
+                assert cli.main(["export-oci", *map(str, argv), "--json"]) == 0
+        yield {"multi": folder / "multi", "single": folder / "single"}
+    finally:
+        for ref in refs:
+            engine.remove(ref)
+
+
+@pytest.fixture
+def plain(tmp_path):
+    server = start_registry(tmp_path / "registry")
+    yield server
+    server.stop()
+
+
+def skopeo(server, *argv: str, text: bool = True):
+    return registry_server.run("skopeo", *argv, text=text)
+
+
+@pytest.mark.engine
+def test_an_index_layout_is_pushed_whole_and_pulled_back_by_platform(layouts, plain, capsys, tmp_path):
+    layout = index.read_index_layout(layouts["multi"])
+    ref = f"{plain.host}/team/multi:7"
+    code, report = imagebuild(capsys, "push", layouts["multi"], ref, "--insecure-http")
+    assert code == 0, report
+    assert report["digest"] == layout.index.digest and report["media_type"] == oci.MEDIA_INDEX
+    assert report["platforms"] == [
+        {"platform": str(p.platform), "digest": p.manifest.digest, "referrers": [p.sbom.digest]}
+        for p in layout.platforms]
+    assert report["manifests"] == 5  # two images, two SBOMs, the index
+
+    raw = skopeo(plain, "inspect", "--raw", "--tls-verify=false", f"docker://{ref}", text=False).stdout
+    assert raw == oci.blob_path(layouts["multi"], layout.index.digest).read_bytes()
+    assert json.loads(raw)["mediaType"] == oci.MEDIA_INDEX
+    pulled = tmp_path / "pulled"
+    skopeo(plain, "copy", "--insecure-policy", "--src-tls-verify=false", "--preserve-digests",
+           "--override-arch", "arm64", f"docker://{ref}", f"oci:{pulled}:x")
+    got = json.loads((pulled / "index.json").read_text())["manifests"][0]["digest"]
+    assert got == layout.manifest_for("linux/arm64").digest
+    for item in layout.platforms:  # each SBOM is in the registry, naming its platform's manifest
+        artifact = skopeo(plain, "inspect", "--raw", "--tls-verify=false",
+                          f"docker://{plain.host}/team/multi@{item.sbom.digest}", text=False).stdout
+        assert json.loads(artifact)["subject"]["digest"] == item.manifest.digest
+
+    code, again = imagebuild(capsys, "push", layouts["multi"], ref, "--insecure-http")
+    assert code == 0 and again["bytes_sent"] == 0 and again["digest"] == layout.index.digest
+
+
+@pytest.mark.engine
+def test_a_single_image_layout_with_its_sbom_needs_no_layout_name(layouts, plain, capsys):
+    """export-oci lists the SBOM beside the image in index.json: push takes the image, and the SBOM
+    with it (before, it counted both as images and asked for --layout-name)."""
+    ref = f"{plain.host}/team/single:7"
+    code, report = imagebuild(capsys, "push", layouts["single"], ref, "--insecure-http")
+    assert code == 0, report
+    single = oci.read_layout(layouts["single"])
+    assert report["digest"] == single.manifest_digest and report["manifests"] == 2
+    assert "platforms" not in report
+    assert report["digest"] == index.read_index_layout(layouts["multi"]).manifest_for("linux/arm64").digest
+
+
+# ---------------------------------------------------------------- the layout push reads, on any input
+
+def _layout_with_index(folder: Path, body) -> None:
+    """A layout whose index.json names one image index holding `body`, beside one real image."""
+    config = b'{"architecture":"arm64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}'
+    config_digest = oci.write_blob(folder, config)
+    manifest = oci.canonical_json(oci.image_manifest(oci.Descriptor(oci.MEDIA_CONFIG, config_digest, len(config)), []))
+    manifest_digest = oci.write_blob(folder, manifest)
+    real = {"mediaType": oci.MEDIA_MANIFEST, "digest": manifest_digest, "size": len(manifest)}
+    data = json.dumps(body, default=lambda _: real).encode()  # `object()` placeholders become the real one
+    digest = oci.write_blob(folder, data)
+    oci.write_index(folder, [oci.Descriptor(oci.MEDIA_INDEX, digest, len(data), {oci.REF_NAME: "1"})])
+
+
+_REAL = object()
+child_like = st.just(_REAL) | st.fixed_dictionaries(
+    {"mediaType": st.sampled_from([oci.MEDIA_MANIFEST, oci.MEDIA_INDEX, 3, None]),
+     "digest": st.sampled_from(["sha256:" + "a" * 64, "sha256:nothex", 7])},
+    optional={"size": json_values, "platform": json_values})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=json_values | st.fixed_dictionaries(
+    {"schemaVersion": st.just(2), "mediaType": st.sampled_from([oci.MEDIA_INDEX, oci.MEDIA_MANIFEST]),
+     "manifests": st.lists(child_like, max_size=3) | json_values},
+    optional={"layers": json_values, "config": json_values}))
+def test_push_reads_any_index_in_a_layout_or_refuses_it(tmp_path_factory, body):
+    folder = tmp_path_factory.mktemp("garbled")
+    _layout_with_index(folder, body)
+    try:
+        image = push_source.read_layout(folder)
+    except LayoutError:
+        return
+    for manifest in image.walk():
+        assert manifest.digest == "sha256:" + hashlib.sha256(manifest.data).hexdigest()
+        assert isinstance(manifest.platform, str)
