@@ -105,14 +105,15 @@ def _as_arch(value) -> Arch | None:
         return None
 
 
-def check_archs(toolkit: CudaVersion, archs: Iterable[Arch | str]) -> list[Finding]:
-    """Each GPU target against the toolkit: too new to target, or dropped from it."""
+def check_archs(toolkit: CudaVersion, archs: Iterable[Arch | str], where: str = "[cuda].archs") -> list[Finding]:
+    """Each GPU target against the toolkit: too new to target, or dropped from it. `where` names the
+    recipe key the targets come from ([platforms.arm64].cuda_archs for one platform's own)."""
     facts = load_facts()
     findings = []
     for given in archs:
         arch = _as_arch(given)
         fact = facts.archs.get(arch.sm) if arch else None
-        evidence = f"[cuda].toolkit = {toolkit}, [cuda].archs has {given}"
+        evidence = f"[cuda].toolkit = {toolkit}, {where} has {given}"
         if fact is None:
             findings.append(Finding(
                 "warning", "arch-unknown", f"imagebuild does not know GPU target {given}, so "
@@ -134,7 +135,7 @@ def check_archs(toolkit: CudaVersion, archs: Iterable[Arch | str]) -> list[Findi
                 f"CUDA {toolkit} can no longer compile for {fact.target}: "
                 f"{fact.note or f'the last CUDA for it is {fact.last_cuda}'}.",
                 evidence, f'set [cuda].toolkit = "{fact.last_cuda}", or drop {fact.target} from '
-                "[cuda].archs", fact.source))
+                f"{where}", fact.source))
     return findings
 
 
@@ -244,13 +245,27 @@ def check_recipe(recipe: Recipe, glibc: str | None = None) -> list[Finding]:
         return []
     toolkit = recipe.cuda.toolkit
     findings = [f.at("cuda.min_driver") for f in check_driver(toolkit, recipe.cuda.min_driver)]
-    findings += [f.at("cuda.archs") for f in check_archs(toolkit, recipe.cuda.archs)]
+    for key, archs in gpu_targets(recipe):
+        findings += [f.at(key) for f in check_archs(toolkit, archs, f"[{key.rpartition('.')[0]}].{key.rpartition('.')[2]}")]
     glibc = glibc or _base_glibc(recipe)
     if glibc:  # the nvcc installed is the toolkit's
         findings += [f.at(_base_key(recipe)) for f in check_glibc(glibc, toolkit)]
     for pin in _torch_pins(recipe.python):
         findings += [f.at("python.requirements") for f in check_torch(pin, toolkit)]
     return findings
+
+
+def gpu_targets(recipe: Recipe) -> list[tuple[str, tuple]]:
+    """(recipe key, GPU targets) for each distinct target list: [cuda].archs, and each platform's
+    own [platforms.<arch>].cuda_archs where it sets one."""
+    if recipe.cuda is None:
+        return []
+    if not recipe.platforms or any(p.cuda_archs is None for p in recipe.platforms):
+        targets = [("cuda.archs", recipe.cuda.archs)]
+    else:
+        targets = []
+    return targets + [(f"platforms.{p.arch}.cuda_archs", p.cuda_archs) for p in recipe.platforms
+                      if p.cuda_archs is not None]
 
 
 def _base_key(recipe: Recipe) -> str:

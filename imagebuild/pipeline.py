@@ -21,7 +21,9 @@ from imagebuild.common import cache_dir
 from imagebuild.engine import BuildCache, Engine, ImageInfo
 from imagebuild.engine.contract import split_ref
 from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, RecipeError, SmokeFailed
-from imagebuild.lock import Lock, default_lock_path, ensure_fresh, read_lock, resolve_lock, uv_binary, write_lock
+from imagebuild.lock import (Lock, PlatformLocks, default_lock_path, ensure_fresh, read_lock, read_locks, resolve_lock,
+                             uv_binary_for, write_locks)
+from imagebuild.lock.resolve import host_arch
 from imagebuild.publish.build_cache import push_build_cache
 from imagebuild.publish.by_lock import RegistryTarget, push_by_lock, reuse_by_lock
 from imagebuild.recipe.model import DebianBase, Recipe, load_recipe
@@ -34,7 +36,7 @@ SMOKE_TIMEOUT_S = 1800
 DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
-def _quiet(_: str) -> None:
+def quiet(_: str) -> None:
     pass
 
 
@@ -61,11 +63,13 @@ class LockReport:
     seconds: float
     findings: list = field(default_factory=list)
     lock_sha256: str = ""
+    platforms: dict | None = None  # a multi-platform lock: linux/<arch> -> its packages and lock_sha256
 
     def to_dict(self) -> dict:
         return {"recipe": self.recipe, "lock": self.lock_path, "changed": self.changed,
                 "packages": self.packages, "seconds": round(self.seconds, 2),
-                "lock_sha256": self.lock_sha256, "findings": [f.to_dict() for f in self.findings]}
+                "lock_sha256": self.lock_sha256, "findings": [f.to_dict() for f in self.findings],
+                **({"platforms": self.platforms} if self.platforms else {})}
 
 
 @dataclass
@@ -117,11 +121,13 @@ def check(recipe_path: str | Path) -> CheckReport:
     findings = compat.check_recipe(recipe, base_glibc(recipe))
     path = default_lock_path(recipe)
     if recipe.patches and path.is_file():
-        findings += patch_findings(recipe, read_lock(path))
+        locks = read_locks(path)
+        for arch, one in ({None: locks} if isinstance(locks, Lock) else locks.locks).items():
+            findings += patch_findings(recipe if arch is None or not recipe.platforms else recipe.for_platform(arch), one)
     return CheckReport(str(recipe.path), located(recipe, findings))
 
 
-def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = _quiet) -> tuple[list, bool]:
+def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = quiet) -> tuple[list, bool]:
     """What the locked wheels say of themselves (lock/artifacts.py), judged by compat.check_artifacts;
     and whether torch's wheel said which CUDA it is built for."""
     from imagebuild.lock.artifacts import read_artifacts
@@ -177,13 +183,13 @@ def located(recipe: Recipe, findings: list) -> list:
     return out
 
 
-def _merged(before: list, after: list) -> list:
+def merged(before: list, after: list) -> list:
     """Recipe-time and lock-time rules can both see one problem (glibc vs nvcc): report it once."""
     seen = {(f.rule, f.message) for f in before}
     return before + [f for f in after if (f.rule, f.message) not in seen]
 
 
-def _stop_on_errors(findings: list, recipe: Recipe | None = None) -> None:
+def stop_on_errors(findings: list, recipe: Recipe | None = None) -> None:
     if compat.has_errors(findings):
         raise FindingsFailed(located(recipe, findings) if recipe is not None else findings)
 
@@ -191,29 +197,51 @@ def _stop_on_errors(findings: list, recipe: Recipe | None = None) -> None:
 # ---------------------------------------------------------------- lock
 
 def lock(recipe_path: str | Path, *, lock_path: Path | None = None,
-         progress: Progress = _quiet) -> LockReport:
+         progress: Progress = quiet) -> LockReport:
     started = time.monotonic()
     recipe = load_recipe(recipe_path)
+    single_platform(recipe)
     findings = compat.check_recipe(recipe, base_glibc(recipe))
-    _stop_on_errors(findings, recipe)
+    stop_on_errors(findings, recipe)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
+    new, found = resolved(recipe, progress)
+    findings = merged(findings, found)
+    stop_on_errors(findings, recipe)
+    changed = store_lock(new, path)
+    return LockReport(str(recipe.path), str(path), changed, len(new.wheels),
+                      time.monotonic() - started, located(recipe, findings), new.sha256)
+
+
+def single_platform(recipe: Recipe) -> None:
+    if recipe.platforms:
+        raise RecipeError(recipe.path, f"names {len(recipe.platforms)} platforms: imagebuild.platforms "
+                          "locks and builds each of them (the CLI's lock and build do)",
+                          key="platforms", hint="call imagebuild.platforms.lock / build")
+
+
+def resolved(recipe: Recipe, progress: Progress = quiet) -> tuple[Lock, list]:
+    """The single-platform recipe resolved into a Lock, with what the resolve and the locked wheels
+    say against the rules (not yet judged)."""
     base = identify(recipe.base, progress)
     progress(f"resolving {len(recipe.python.requirements)} requirements for Python {base.python} "
              f"on {base.uv_platform}")
     new = resolve_lock(recipe, base)
-    findings = _merged(findings, compat.check_resolved(recipe, new.packages, base.glibc))
+    findings = compat.check_resolved(recipe, new.packages, base.glibc)
     found, _ = artifact_findings(recipe, new, progress)
-    findings = _merged(findings, found)
+    findings = merged(findings, found)
     if recipe.patches:
         progress(f"checking {len(recipe.patches)} patch(es) against the locked wheels")
         findings += patch_findings(recipe, new)
-    _stop_on_errors(findings, recipe)
+    return new, findings
+
+
+def store_lock(new: Lock | PlatformLocks, path: Path) -> bool:
+    """Write the lock unless the file already says exactly this; whether it changed."""
     text = new.to_json()
     changed = not path.exists() or path.read_text() != text
     if changed:
-        write_lock(new, path)
-    return LockReport(str(recipe.path), str(path), changed, len(new.wheels),
-                      time.monotonic() - started, located(recipe, findings), new.sha256)
+        write_locks(new, path)
+    return changed
 
 
 def _fresh_lock(recipe: Recipe, path: Path, relock: bool, progress: Progress) -> Lock:
@@ -227,12 +255,25 @@ def _fresh_lock(recipe: Recipe, path: Path, relock: bool, progress: Progress) ->
 # ---------------------------------------------------------------- render
 
 def render(recipe_path: str | Path, out_dir: Path, *, lock_path: Path | None = None,
-           relock: bool = False, progress: Progress = _quiet) -> Path:
+           relock: bool = False, platform: str | None = None, progress: Progress = quiet) -> Path:
+    """The build context of a single-platform recipe, or of one `platform` (amd64, arm64) of a
+    multi-platform recipe's lock (which must be there and fresh)."""
     from imagebuild.render import render_context  # jinja2: only the commands that render pay for it
     recipe = load_recipe(recipe_path)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
+    if recipe.platforms:
+        named = [spec.arch for spec in recipe.platforms]
+        if platform not in named:
+            raise RecipeError(recipe.path, f"names the platforms {', '.join(named)}: render one of them",
+                              key="platforms", hint=f"add --platform {named[0]}")
+        recipe = recipe.for_platform(platform)
+        current = read_lock(path, platform)
+        ensure_fresh(current, recipe, path)
+        return render_context(current, recipe, out_dir, uv_path=uv_binary_for(platform, progress),
+                              lock_text=current.to_json())
     current = _fresh_lock(recipe, path, relock, progress)
-    return render_context(current, recipe, out_dir, uv_path=uv_binary(), lock_text=path.read_text())
+    return render_context(current, recipe, out_dir, uv_path=uv_binary_for(current.base.arch, progress),
+                          lock_text=path.read_text())
 
 
 # ---------------------------------------------------------------- build and smoke
@@ -251,7 +292,7 @@ def _smoke_cache(image_id: str) -> Path:
 
 
 def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | None = None,
-          progress: Progress = _quiet) -> SmokeReport:
+          progress: Progress = quiet) -> SmokeReport:
     """Run the image's own probe against its own expectations, offline, in a throwaway container."""
     engine.check()
     info = engine.inspect(image)
@@ -309,7 +350,7 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
           relock: bool = False, run_smoke: bool = True, ca: str | None = None,
           keep_failed: bool = False, gpus: bool | None = None, tag: str | None = None,
           rebuild: bool = False, registry: RegistryTarget | None = None, cache: BuildCache | None = None,
-          progress: Progress = _quiet) -> BuildReport:
+          progress: Progress = quiet) -> BuildReport:
     """check -> lock (fresh or refused) -> [reuse] -> base -> render -> build untagged -> smoke -> tag
     [-> push]. `tag` replaces the recipe's NAME:TAG (tests build under names of their own). An image
     built from this very lock is reused, not rebuilt: the lock's digest covers everything that decides
@@ -318,18 +359,18 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     both tags. The engine is asked next (its io.imagebuild.lock.sha256 label); `rebuild` builds anyway.
     With `cache`, the build takes unchanged layers from its sources and, once built (and smoke-tested
     when asked), leaves its own at its target for the next runner."""
-    from imagebuild.render import LABEL_PREFIX, render_context
     timings: dict[str, float] = {}
     clock = time.monotonic()
     recipe = load_recipe(recipe_path)
+    single_platform(recipe)
     findings = compat.check_recipe(recipe, base_glibc(recipe))
-    _stop_on_errors(findings, recipe)
+    stop_on_errors(findings, recipe)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     current = _fresh_lock(recipe, path, relock, progress)
-    findings = _merged(findings, compat.check_resolved(recipe, current.packages, current.base.glibc))
+    findings = merged(findings, compat.check_resolved(recipe, current.packages, current.base.glibc))
     if recipe.patches and not relock:  # a relock has just checked them
         findings += patch_findings(recipe, current)
-    _stop_on_errors(findings, recipe)
+    stop_on_errors(findings, recipe)
     timings["lock"] = time.monotonic() - clock
     if registry is not None and not run_smoke:
         raise ImagebuildError("--registry pushes only smoke-tested images (its lock tag stands for one): "
@@ -343,32 +384,47 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
                      f"({hit.lock_reference})")
             return BuildReport(str(recipe.path), hit.reference, hit.digest, 0, timings, None, str(path), findings,
                                reused=True, registry={**asdict(hit), "pushed": False})
-    engine.check()
+    platform = None if current.base.arch == host_arch() else f"linux/{current.base.arch}"
+    report = build_locked(recipe, current, path, engine, findings=findings, timings=timings,
+                          lock_text=path.read_text(), tag=tag, run_smoke=run_smoke, ca=ca,
+                          keep_failed=keep_failed, gpus=gpus, rebuild=rebuild, cache=cache,
+                          platform=platform, progress=progress)
+    return _pushed(report, registry, current, engine, progress)
 
+
+def build_locked(recipe: Recipe, current: Lock, path: Path, engine: Engine, *, findings: list, timings: dict,
+                 lock_text: str, tag: str | None, run_smoke: bool, ca: str | None, keep_failed: bool,
+                 gpus: bool | None, rebuild: bool, cache: BuildCache | None = None, platform: str | None = None,
+                 context: str | None = None, progress: Progress = quiet) -> BuildReport:
+    """One image from a fresh single-platform lock: reuse by lock label, or base -> render -> build
+    untagged (for `platform` when given) -> smoke -> tag [-> cache]."""
+    from imagebuild.render import LABEL_PREFIX, render_context
+    engine.check()
     reused = None if rebuild else engine.find_labelled(f"{LABEL_PREFIX}.lock.sha256", current.sha256)
     if reused:
         progress(f"reusing {reused}: the engine holds an image built from this lock ({current.sha256[:12]}…)")
-        report = _smoke_and_tag(reused, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
-                                keep_failed=keep_failed, gpus=gpus, reused=True, progress=progress)
-        return _pushed(report, registry, current, engine, progress)
+        return _smoke_and_tag(reused, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
+                              keep_failed=keep_failed, gpus=gpus, reused=True, progress=progress)
 
     clock = time.monotonic()
     ensure_base_image(current.base, recipe.base, engine, progress)
     timings["base"] = time.monotonic() - clock
 
     clock = time.monotonic()
-    context = render_context(current, recipe, cache_dir() / "contexts" / recipe.stem,
-                             uv_path=uv_binary(), lock_text=path.read_text())
+    folder = cache_dir() / "contexts" / (context or recipe.stem)
+    built = render_context(current, recipe, folder, uv_path=uv_binary_for(current.base.arch, progress),
+                           lock_text=lock_text)
     bundle = ca_bundle(ca)
     try:
-        image_id = engine.build(context, secrets={"ca": bundle} if bundle else {}, progress=progress, cache=cache)
+        image_id = engine.build(built, secrets={"ca": bundle} if bundle else {}, progress=progress, cache=cache,
+                                platform=platform)
     except BuildFailed as failure:
         raise explain_build_failure(failure, recipe, current) from None
     timings["build"] = time.monotonic() - clock
     report = _smoke_and_tag(image_id, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
                             keep_failed=keep_failed, gpus=gpus, reused=False, progress=progress)
     _cached(report, cache, engine, progress)
-    return _pushed(report, registry, current, engine, progress)
+    return report
 
 
 def _cached(report: BuildReport, cache: BuildCache | None, engine: Engine, progress: Progress) -> None:

@@ -35,9 +35,10 @@ ALLOWED = {
     "image": LOW | {"engine", "lock", "render"},
     "publish": LOW | {"engine", "image"},
     "pipeline": LOW | {"bases", "compat", "engine", "lock", "payload", "publish", "recipe", "render"},
+    "platforms": LOW | {"compat", "engine", "lock", "pipeline", "recipe"},
     "doctor": LOW | {"compat", "engine", "knowledge", "payload"},
     "cli": LOW | {"bases", "compat", "doctor", "engine", "image", "knowledge", "lock", "pipeline", "payload",
-                  "publish", "recipe", "render"},
+                  "platforms", "publish", "recipe", "render"},
 }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from imagebuild import __version__, pipeline
+from imagebuild import __version__, pipeline, platforms
 from imagebuild.cli.output import (Progress, line, make_console, print_error, print_findings, print_patch_results,
                                    print_smoke)
 from imagebuild.engine.contract import BuildCache
@@ -86,6 +86,8 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
     cmd.add_argument("-o", "--out", type=Path, required=True, help="output folder (replaced)")
     cmd.add_argument("--lock", type=Path)
     cmd.add_argument("--relock", action="store_true", help="refresh the lock first")
+    cmd.add_argument("--platform", choices=["amd64", "arm64"],
+                     help="which platform's context, for a recipe with [platforms]")
 
     cmd = command("build", "build the image on the engine, smoke-test it, then tag it")
     cmd.add_argument("recipe", type=Path)
@@ -149,11 +151,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if args.command == "lock":
         with progress.spinning("locking"):
-            report = pipeline.lock(args.recipe, lock_path=args.lock, progress=progress)
+            report = platforms.lock(args.recipe, lock_path=args.lock, progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
         else:
             print_findings(out, report.findings)
+            for name, entry in (report.platforms or {}).items():
+                out.print(line(f"  {name}: {entry['packages']} wheels for ", entry["python_platform"]))
             out.print(line(report.lock_path, f": {report.packages} wheels, "
                                              f"{'written' if report.changed else 'unchanged'} in {report.seconds:.1f} s"))
         return EXIT_OK
@@ -161,7 +165,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.command == "render":
         with progress.spinning("rendering"):
             path = pipeline.render(args.recipe, args.out, lock_path=args.lock, relock=args.relock,
-                                   progress=progress)
+                                   platform=args.platform, progress=progress)
         if args.json:
             out.print_json(data={"context": str(path), "dockerfile": str(path / "Dockerfile")})
         else:
@@ -186,29 +190,23 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         cache = BuildCache(tuple(args.cache_from), args.cache_to, args.registry_ca_cert, args.insecure_http) \
             if args.cache_from or args.cache_to else None
         with progress.spinning("building"):
-            report = pipeline.build(args.recipe, engine, lock_path=args.lock, relock=args.relock,
-                                    run_smoke=not args.no_smoke, ca=args.ca_bundle,
-                                    keep_failed=args.keep_failed, gpus=False if args.no_gpus else None,
-                                    tag=args.tag, rebuild=args.rebuild, registry=registry, cache=cache,
-                                    progress=progress)
+            report = platforms.build(args.recipe, engine, lock_path=args.lock, relock=args.relock,
+                                     run_smoke=not args.no_smoke, ca=args.ca_bundle,
+                                     keep_failed=args.keep_failed, gpus=False if args.no_gpus else None,
+                                     tag=args.tag, rebuild=args.rebuild, registry=registry, cache=cache,
+                                     progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
+        elif isinstance(report, platforms.PlatformsBuildReport):
+            print_findings(out, report.findings)
+            for arch, one in report.platforms.items():
+                out.print(line((f"linux/{arch}", "bold")))
+                print_build(out, one)
+            if report.native:
+                out.print(line("tagged ", report.image, f" (linux/{report.native}, this machine's platform)"))
         else:
             print_findings(out, report.findings)
-            if report.smoke:
-                out.print(line(f"smoke test{' (cached result for this image id)' if report.smoke.cached else ''}:"))
-                print_smoke(out, report.smoke.report)
-            times = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
-            out.print(line(("reused" if report.reused else "built", "green"), " ", report.image, "  ", report.image_id,
-                           f"  {report.size / 1e9:.2f} GB  ({times})" if report.size else f"  ({times})"))
-            if report.registry:
-                out.print(line("registry: ", report.registry["reference"], "@", report.registry["digest"],
-                               " (pushed, and as " if report.registry["pushed"] else " (found as ",
-                               report.registry["lock_reference"], ")"))
-            if report.cache and report.cache["to"]:
-                out.print(line("build cache: ", report.cache["to"],
-                               *(("@", report.cache["digest"]) if report.cache["digest"] else ()),
-                               f" (written by {report.cache['written_by']})"))
+            print_build(out, report)
         return EXIT_OK
 
     if args.command == "smoke":
@@ -222,6 +220,24 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             out.print(line(args.image, f": smoke {'passed' if report.ok else 'FAILED'}"))
         return EXIT_OK if report.ok else EXIT_FAILED
     raise AssertionError(args.command)
+
+
+def print_build(out, report) -> None:
+    """One image's build: its smoke result, where it is, how long each step took."""
+    if report.smoke:
+        out.print(line(f"smoke test{' (cached result for this image id)' if report.smoke.cached else ''}:"))
+        print_smoke(out, report.smoke.report)
+    times = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
+    out.print(line(("reused" if report.reused else "built", "green"), " ", report.image, "  ", report.image_id,
+                   f"  {report.size / 1e9:.2f} GB  ({times})" if report.size else f"  ({times})"))
+    if report.registry:
+        out.print(line("registry: ", report.registry["reference"], "@", report.registry["digest"],
+                       " (pushed, and as " if report.registry["pushed"] else " (found as ",
+                       report.registry["lock_reference"], ")"))
+    if report.cache and report.cache["to"]:
+        out.print(line("build cache: ", report.cache["to"],
+                       *(("@", report.cache["digest"]) if report.cache["digest"] else ()),
+                       f" (written by {report.cache['written_by']})"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -86,13 +86,16 @@ class BuildahEngine(Engine):
             raise EngineUnavailable(f"buildah cannot reach its storage: {proc.stderr.strip()[-500:]}")
 
     def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
-              progress: Progress = lambda _: None, cache: BuildCache | None = None) -> str:
+              progress: Progress = lambda _: None, cache: BuildCache | None = None,
+              platform: str | None = None) -> str:
         self.check()
         with tempfile.TemporaryDirectory(prefix="imagebuild-iid-") as tmp:
             iidfile = Path(tmp) / "iid"
             command = [self.buildah, "bud", "--pull-never", "--network", "host",
                        "--timestamp", str(self.epoch), "--iidfile", str(iidfile),
                        f"--layers={'true' if self.layers or cache else 'false'}", *cache_flags(cache)]
+            if platform:
+                command += ["--platform", platform]
             for name, path in sorted(secrets.items()):
                 command += ["--secret", f"id={name},src={path}"]
             command.append(str(context))

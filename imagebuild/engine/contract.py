@@ -76,10 +76,12 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
-              progress: Progress = lambda _: None, cache: BuildCache | None = None) -> str:
+              progress: Progress = lambda _: None, cache: BuildCache | None = None,
+              platform: str | None = None) -> str:
         """Build the context's Dockerfile; return the image id. Never tags. Raises BuildFailed.
         With `cache`, unchanged layers may come from its sources (a source that does not exist yet
-        is not an error: the first run has none)."""
+        is not an error: the first run has none). `platform` ("linux/arm64") builds for that
+        platform: its RUN steps run under emulation where it is not the engine's own."""
 
     @abc.abstractmethod
     def tag(self, image_id: str, ref: str) -> None: ...

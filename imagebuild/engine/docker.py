@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import subprocess
@@ -54,9 +55,10 @@ def cache_flags(cache: BuildCache | None) -> list[str]:
 class DockerEngine(Engine):
     name = "docker"
 
-    def __init__(self, cli: str | None = None):
+    def __init__(self, cli: str | None = None, host: str | None = None):
         self._cli = cli
         self._client = None
+        self.host = host  # a DOCKER_HOST-style endpoint; None: the environment's (DOCKER_HOST or the local socket)
 
     @property
     def client(self) -> docker.DockerClient:
@@ -70,12 +72,16 @@ class DockerEngine(Engine):
             self._cli = find_cli()
         return self._cli
 
+    def command(self, *args: str) -> list[str]:
+        """A docker CLI command line aimed at this engine's endpoint."""
+        return [self.cli, *(("-H", self.host) if self.host else ()), *args]
+
     def check(self) -> None:
         if self._client is not None:
             return
-        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        where = self.host or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         try:
-            client = docker.from_env(timeout=600)
+            client = docker.DockerClient(base_url=self.host, timeout=600) if self.host else docker.from_env(timeout=600)
             client.ping()
         except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as err:
             raise EngineUnavailable(f"no Docker engine answers at {where} ({type(err).__name__}): "
@@ -83,13 +89,16 @@ class DockerEngine(Engine):
         self._client = client
 
     def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
-              progress: Progress = lambda _: None, cache: BuildCache | None = None) -> str:
+              progress: Progress = lambda _: None, cache: BuildCache | None = None,
+              platform: str | None = None) -> str:
         self.check()
         with tempfile.TemporaryDirectory(prefix="imagebuild-iid-") as tmp:
             iidfile = Path(tmp) / "iid"
             # The host's network, as buildah's builds have: a daemon with no bridge builds too, and
             # a cache written by one runner matches another's (the network mode is in the step's key).
-            command = [self.cli, "build", "--progress=plain", "--network", "host", "--iidfile", str(iidfile)]
+            command = self.command("build", "--progress=plain", "--network", "host", "--iidfile", str(iidfile))
+            if platform:
+                command += ["--platform", platform]
             for name, path in sorted(secrets.items()):
                 command += ["--secret", f"id={name},src={path}"]
             command += cache_flags(cache)
@@ -111,6 +120,7 @@ class DockerEngine(Engine):
 
     def run(self, image: str, command: Sequence[str], *, network: bool = False,
             gpus: bool = False, timeout: float = 600) -> RunResult:
+        """A foreign platform's image runs under the host's registered binfmt emulator."""
         requests_ = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
         container = self.client.containers.create(
             image, list(command), network_mode=None if network else "none",
@@ -176,7 +186,7 @@ class DockerEngine(Engine):
             network_disabled=True)["Id"]
         try:
             with tempfile.TemporaryFile() as errors:
-                proc = subprocess.Popen([self.cli, "export", container], stdout=subprocess.PIPE,
+                proc = subprocess.Popen(self.command("export", container), stdout=subprocess.PIPE,
                                         stderr=errors, bufsize=_EXPORT_CHUNK)
                 widen_pipe(proc.stdout)
                 try:
@@ -198,12 +208,58 @@ class DockerEngine(Engine):
     def save(self, image: str) -> Iterator[BinaryIO]:
         """`docker save` as a stream: layers are never held in memory."""
         self.check()
-        with command_stream([self.cli, "save", image], f"docker save {image}") as stream:
+        with command_stream(self.command("save", image), f"docker save {image}") as stream:
             yield stream
 
     def import_rootfs(self, tar: Path, ref: str, *, arch: str = "amd64") -> str:
+        """`docker import` for amd64; another arch is loaded as a one-layer image archive written
+        here, since Docker 20.10's `import --platform` still records amd64."""
         self.check()
-        proc = subprocess.run([self.cli, "import", str(tar), ref], capture_output=True, text=True)
+        if arch != "amd64":
+            return load_rootfs(self, tar, ref, arch)
+        proc = subprocess.run(self.command("import", str(tar), ref), capture_output=True, text=True)
         if proc.returncode != 0:
             raise BuildFailed(f"docker import of {tar} failed: {proc.stderr.strip()}")
         return proc.stdout.strip()
+
+
+def load_rootfs(engine: DockerEngine, tar: Path, ref: str, arch: str) -> str:
+    """A rootfs tar loaded as a one-layer image of `arch`: a `docker save`-format archive (its
+    config names the arch, its one layer is the tar as is, so the diff_id is the tar's sha256)
+    streamed into `docker load`."""
+    import hashlib
+    import json
+    import tarfile
+
+    from imagebuild.common import sha256_file
+    diff_id = "sha256:" + sha256_file(tar)
+    config = {"architecture": arch, "os": "linux", **({"variant": "v8"} if arch == "arm64" else {}),
+              "config": {}, "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+              "history": [{"created_by": f"imagebuild: Debian rootfs {tar.name}"}]}
+    config_bytes = json.dumps(config, sort_keys=True).encode()
+    config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [ref], "Layers": ["rootfs/layer.tar"]}]).encode()
+    with tempfile.TemporaryFile() as said:
+        proc = subprocess.Popen(engine.command("load", "--quiet"), stdin=subprocess.PIPE,
+                                stdout=said, stderr=subprocess.STDOUT)
+        try:
+            with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT) as archive:
+                for name, data in ((config_name, config_bytes), ("manifest.json", manifest)):
+                    member = tarfile.TarInfo(name)
+                    member.size = len(data)
+                    archive.addfile(member, io.BytesIO(data))
+                archive.add(str(tar), arcname="rootfs/layer.tar", recursive=False)
+        except BrokenPipeError:
+            pass  # docker load stopped early: what it said tells why
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
+        code = proc.wait()
+        said.seek(0)
+        text = said.read().decode("utf-8", "replace").strip()
+    if code != 0:
+        raise BuildFailed(f"docker load of the {arch} rootfs {tar} failed (exit {code}): {text}")
+    info = engine.inspect(ref)
+    if info is None:
+        raise BuildFailed(f"docker load of {tar} did not leave {ref}: {text}")
+    return info.id

@@ -95,6 +95,28 @@ class Lock:
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class PlatformLocks:
+    """A multi-platform recipe's lock: one single-platform Lock per platform, in one file. Each
+    entry is exactly the lock a one-platform recipe would write, so the image built from it carries
+    (and is labelled with) its own platform's lock."""
+
+    recipe: str
+    recipe_sha256: str
+    locks: dict[str, Lock]  # Debian arch -> its Lock
+
+    def to_dict(self) -> dict:
+        return {"lock_version": LOCK_VERSION, "recipe": {"name": self.recipe, "sha256": self.recipe_sha256},
+                "platforms": {arch: self.locks[arch].to_dict() for arch in sorted(self.locks)}}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -136,22 +158,77 @@ def write_lock(lock: Lock, path: Path) -> None:
     write_atomic(path, lock.to_json().encode())
 
 
-def read_lock(path: Path) -> Lock:
+def write_locks(locks: Lock | PlatformLocks, path: Path) -> None:
+    write_atomic(path, locks.to_json().encode())
+
+
+def _lock_text(path: Path) -> str:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise LockError(f"{path}: no lock yet: run `imagebuild lock RECIPE` first") from None
     except (OSError, UnicodeDecodeError) as err:
         raise LockError(f"{path}: cannot read the lock: {err}") from None
-    return parse_lock(text, str(path))
+
+
+def read_lock(path: Path, platform: str | None = None) -> Lock:
+    """The lock of one image. A multi-platform lock file needs `platform` (amd64 or arm64) to say
+    which of its locks; a single-platform one must be for that platform when it is given."""
+    locks = read_locks(path)
+    if platform is None:
+        if isinstance(locks, Lock):
+            return locks
+        raise LockError(f"{path} holds the locks of {len(locks.locks)} platforms "
+                        f"({', '.join(sorted(locks.locks))}): say which one (--platform ARCH)")
+    found = {locks.base.arch: locks} if isinstance(locks, Lock) else locks.locks
+    if platform not in found:
+        raise LockError(f"{path} has no lock for platform {platform!r}; it holds {', '.join(sorted(found))}")
+    return found[platform]
+
+
+def read_locks(path: Path) -> Lock | PlatformLocks:
+    """A lock file as written: one Lock, or a PlatformLocks of a multi-platform recipe."""
+    return parse_locks(_lock_text(path), str(path))
+
+
+def parse_locks(text: str, source: str) -> Lock | PlatformLocks:
+    data = _json(text, source)
+    if not (isinstance(data, dict) and "platforms" in data):
+        return _parse_lock(data, source)
+    reader = _Reader(source)
+    if data.get("lock_version") != LOCK_VERSION:
+        reader.fail("lock_version", f"{data.get('lock_version')!r} is not {LOCK_VERSION}")
+    recipe = reader.table(data.get("recipe"), "recipe")
+    platforms = reader.table(data.get("platforms"), "platforms")
+    if not platforms:
+        reader.fail("platforms", "names no platform")
+    locks = {}
+    for arch, entry in platforms.items():
+        lock = _parse_lock(entry, f"{source} [platforms.{arch}]")
+        if lock.base.arch != arch:
+            reader.fail(f"platforms.{arch}.base.arch", f"{lock.base.arch!r} is not {arch!r}")
+        locks[arch] = lock
+    return PlatformLocks(recipe=reader.string(recipe, "name", "recipe"),
+                         recipe_sha256=reader.sha(recipe, "sha256", "recipe"), locks=locks)
+
+
+def _json(text: str, source: str):
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise LockError(f"{source}: not valid JSON ({err}): relock with `imagebuild lock RECIPE`") from None
 
 
 def parse_lock(text: str, source: str) -> Lock:
-    """Validate a lock read from disk; anything off is one LockError naming the key."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as err:
-        raise LockError(f"{source}: not valid JSON ({err}): relock with `imagebuild lock RECIPE`") from None
+    """Validate a single-platform lock read from disk; anything off is one LockError naming the key."""
+    locks = parse_locks(text, source)
+    if not isinstance(locks, Lock):
+        raise LockError(f"{source} holds the locks of several platforms ({', '.join(sorted(locks.locks))}): "
+                        "say which one (--platform ARCH)")
+    return locks
+
+
+def _parse_lock(data, source: str) -> Lock:
     reader = _Reader(source)
     top = reader.table(data, "")
     if top.get("lock_version") != LOCK_VERSION:

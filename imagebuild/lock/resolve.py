@@ -5,6 +5,7 @@ per distribution chosen for the target's tags, hashed.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,48 @@ def uv_binary() -> str:
     return found
 
 
+def host_arch() -> str:
+    """This machine's Debian architecture name (amd64, arm64)."""
+    import platform
+    machine = platform.machine().lower()
+    return {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+
+
+def uv_binary_for(arch: str, progress=lambda _: None) -> str:
+    """A uv that runs on `arch`, for builds of that platform (it runs inside the build, emulated or on
+    a native builder): this machine's own uv, or the same uv release's wheel for that CPU from the
+    package index, unpacked once into the cache."""
+    uv = uv_binary()
+    if arch == host_arch():
+        return uv
+    from imagebuild.common import cache_dir
+    release = uv_version(uv).split()[-1]
+    target = cache_dir() / "tools" / f"uv-{release}-{arch}" / "uv"
+    if target.is_file():
+        return str(target)
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}[arch]
+    progress(f"fetching uv {release} for {arch} (it runs inside the {arch} build)")
+    with tempfile.TemporaryDirectory(prefix="imagebuild-uv-") as tmp:
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                               "--only-binary=:all:", f"--platform=manylinux_2_17_{machine}", "-d", tmp,
+                               f"uv=={release}"], capture_output=True, text=True, check=False)
+        wheels = sorted(Path(tmp).glob("uv-*.whl"))
+        if proc.returncode != 0 or not wheels:
+            raise ToolMissing(f"no uv {release} for {arch} could be downloaded (it runs inside the {arch} "
+                              f"build): {proc.stderr.strip()[-500:]}")
+        import zipfile
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            member = next((n for n in wheel.namelist() if n.endswith(".data/scripts/uv")), None)
+            if member is None:
+                raise ToolMissing(f"{wheels[0].name} holds no uv binary")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staged = target.with_suffix(".partial")
+            staged.write_bytes(wheel.read(member))
+            staged.chmod(0o755)
+            os.replace(staged, target)
+    return str(target)
+
+
 def uv_version(uv: str) -> str:
     """`uv 0.13.9`: from the installed uv package when that is the binary in use (no extra process)."""
     if Path(uv).parent == Path(sys.executable).parent:
@@ -70,6 +113,18 @@ def compile_command(recipe: Recipe, base: BaseIdentity, workdir: Path, uv: str) 
     if recipe.python.exclude_newer:
         command += ["--exclude-newer", recipe.python.exclude_newer]
     return command
+
+
+_NO_MATCHING_WHEEL = re.compile(r"Because (\S+?)(?:==(\S+))? has no wheels with a matching platform tag")
+
+
+def missing_wheel(uv_stderr: str) -> str | None:
+    """`name version` of the package uv found no wheel for on the target platform, if that is why
+    the resolve failed (uv: "Because X==V has no wheels with a matching platform tag")."""
+    match = _NO_MATCHING_WHEEL.search(uv_stderr)
+    if not match:
+        return None
+    return f"{match.group(1)} {match.group(2)}" if match.group(2) else match.group(1)
 
 
 _LEGACY_MANYLINUX = {"2_5": "manylinux1", "2_12": "manylinux2010", "2_17": "manylinux2014"}
@@ -109,7 +164,7 @@ def _best_wheel(files: list, ranking: dict[Tag, int]) -> dict | None:
 
 
 def parse_pylock(text: str, plan: LayerPlan, source: str = "pylock.toml",
-                 tags: list[Tag] | None = None) -> tuple[LockedWheel, ...]:
+                 tags: list[Tag] | None = None, target: str = "this target") -> tuple[LockedWheel, ...]:
     """Read uv's PEP 751 output: one wheel per package for the target. Sdist-only packages are refused."""
     ranking = {tag: index for index, tag in reversed(list(enumerate(tags or [])))}
     try:
@@ -123,12 +178,12 @@ def parse_pylock(text: str, plan: LayerPlan, source: str = "pylock.toml",
         files = entry.get("wheels") or []
         if not files:
             raise ResolveFailed(
-                f"{name} {version} has no wheel for this target (only a source distribution): "
+                f"{name} {version} has no wheel for {target} (only a source distribution): "
                 "imagebuild never compiles packages during a build. Pin a version that ships a wheel, "
                 f"or leave it out with [python].exclude = [\"{name}\"].")
         wheel = _best_wheel(files, ranking) if ranking else files[0]
         if wheel is None:
-            raise ResolveFailed(f"{name} {version}: none of its wheels installs on the target")
+            raise ResolveFailed(f"{name} {version}: none of its wheels installs on {target}")
         filename = _wheel_filename(wheel)
         sha = (wheel.get("hashes") or {}).get("sha256")
         if not sha:
@@ -147,11 +202,15 @@ def resolve_wheels(recipe: Recipe, base: BaseIdentity) -> tuple[tuple[LockedWhee
         proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True, check=False,
                               env={**os.environ, "UV_NO_PROGRESS": "1"})
         if proc.returncode != 0:
-            raise ResolveFailed(f"{recipe.path}: uv could not resolve [python] for Python {base.python} "
-                                f"on {base.uv_platform}:\n{proc.stderr.strip()}")
+            missing = missing_wheel(proc.stderr)
+            headline = (f"{missing} has no wheel for linux/{base.arch} ({base.uv_platform}): pin a release "
+                        f"that ships one, or build this platform without it. " if missing else "")
+            raise ResolveFailed(f"{recipe.path}: {headline}uv could not resolve [python] for Python "
+                                f"{base.python} on linux/{base.arch} ({base.uv_platform}):\n{proc.stderr.strip()}")
         text = (workdir / "pylock.toml").read_text()
     tags = target_tags(base.python, base.glibc, base.arch)
-    return parse_pylock(text, LayerPlan.for_recipe(recipe), tags=tags), uv_version(uv)
+    target = f"linux/{base.arch} ({base.uv_platform})"
+    return parse_pylock(text, LayerPlan.for_recipe(recipe), tags=tags, target=target), uv_version(uv)
 
 
 def lock_patches(recipe: Recipe, packages: dict[str, str]) -> tuple[LockedPatch, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -69,6 +69,20 @@ class SmokeSpec:
 
 
 @dataclass(frozen=True)
+class PlatformSpec:
+    """One platform of a multi-platform recipe: [platforms.<arch>]."""
+
+    arch: str  # Debian architecture name: "amd64" | "arm64"
+    cuda_archs: tuple[Arch, ...] | None = None  # GPU targets on this platform; None: [cuda].archs
+    engine: str | None = None  # a Docker endpoint (DOCKER_HOST form) that builds it natively
+
+    @property
+    def name(self) -> str:
+        """The OCI platform: linux/arm64."""
+        return f"linux/{self.arch}"
+
+
+@dataclass(frozen=True)
 class Recipe:
     path: Path  # absolute path of the recipe file
     name: str  # image repository name
@@ -81,16 +95,37 @@ class Recipe:
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     smoke: SmokeSpec = SmokeSpec()
+    platforms: tuple[PlatformSpec, ...] = ()  # empty: one platform, [base].arch
 
     @property
     def stem(self) -> str:
         """The lock's file name stem: recipes/cuda-toolchain.toml -> cuda-toolchain."""
         return self.path.stem
 
+    @property
+    def multi_platform(self) -> bool:
+        return bool(self.platforms)
+
+    def platform(self, arch: str) -> PlatformSpec:
+        for spec in self.platforms:
+            if spec.arch == arch:
+                return spec
+        raise KeyError(arch)
+
+    def for_platform(self, arch: str) -> "Recipe":
+        """The single-platform recipe one platform of this one builds: its base arch and GPU targets."""
+        spec = self.platform(arch)
+        cuda = self.cuda
+        if cuda is not None and spec.cuda_archs is not None:
+            cuda = replace(cuda, archs=spec.cuda_archs)
+        return replace(self, base=replace(self.base, arch=arch), cuda=cuda, platforms=())
+
 
 DEBIAN_ARCHS = ("amd64", "arm64")
 
-_TOP_KEYS = ("image", "base", "python", "cuda", "patches", "prune", "env", "labels", "smoke")
+_TOP_KEYS = ("image", "base", "python", "cuda", "patches", "prune", "env", "labels", "smoke", "platforms")
+_PLATFORM_KEYS = ("cuda_archs", "engine")
+_ENGINE_SCHEMES = ("unix", "tcp", "ssh")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _IMAGE_KEYS = ("name", "tag")
 _DEBIAN_KEYS = ("debian", "packages", "arch")
@@ -128,9 +163,12 @@ def parse_recipe(text: str, path: Path) -> Recipe:
     read = RecipeReader(path, text)
     read.known_keys(doc, (), _TOP_KEYS)
     name, tag = _image(read, read.table(doc, ("image",), required=True, example='with name = "myorg/my-image"'))
-    base = _base(read, read.table(doc, ("base",), required=True, example='with debian = "bookworm"'))
+    base_table = read.table(doc, ("base",), required=True, example='with debian = "bookworm"')
+    base = _base(read, base_table)
     python = _python(read, read.table(doc, ("python",), required=True, example='with requirements = ["torch"]'))
     cuda = read.table(doc, ("cuda",))
+    cuda = None if cuda is None else _cuda(read, cuda)
+    platforms = _platforms(read, read.table(doc, ("platforms",)), base, cuda, "arch" in base_table)
     absolute = Path(os.path.abspath(path))
     return Recipe(
         path=absolute,
@@ -138,7 +176,8 @@ def parse_recipe(text: str, path: Path) -> Recipe:
         tag=tag,
         base=base,
         python=python,
-        cuda=None if cuda is None else _cuda(read, cuda),
+        cuda=cuda,
+        platforms=platforms,
         patches=parse_patches(read, doc, absolute.parent),
         prune=parse_prune(read, doc),
         env=_string_map(read, doc, "env", _ENV_NAME,
@@ -396,6 +435,65 @@ def _layers(read: RecipeReader, table: dict | None, key: Key) -> dict[str, tuple
     return layers
 
 
+def _platforms(read: RecipeReader, table: dict | None, base: DebianBase | ImageBase, cuda: CudaSpec | None,
+               base_arch_given: bool) -> tuple[PlatformSpec, ...]:
+    """[platforms.amd64], [platforms.arm64]: each platform the image is built for, in a fixed order."""
+    if table is None:
+        return ()
+    key = ("platforms",)
+    read.known_keys(table, key, DEBIAN_ARCHS, what="platform")
+    if not table:
+        raise read.error(key, "names no platform", hint="add [platforms.amd64] and/or [platforms.arm64], "
+                                                        "or remove [platforms] for a single-platform image")
+    if not isinstance(base, DebianBase):
+        raise read.error(key, "several platforms need a Debian base",
+                         hint='a digest-pinned [base] image is one platform\'s image: use [base] debian = "bookworm"')
+    if base_arch_given:
+        raise read.error(("base", "arch"), "[base] arch and [platforms] both say which platforms to build",
+                         hint="remove [base] arch: [platforms.<arch>] names each platform")
+    specs = []
+    for arch in DEBIAN_ARCHS:  # a fixed order, whatever order the recipe uses
+        if arch not in table:
+            continue
+        entry = read.table(table, key + (arch,))
+        where = key + (arch,)
+        read.known_keys(entry, where, _PLATFORM_KEYS)
+        archs = None
+        if "cuda_archs" in entry:
+            if cuda is None:
+                raise read.error(where + ("cuda_archs",), "GPU targets without a [cuda] table",
+                                 hint="add [cuda] with toolkit, archs and min_driver, or remove cuda_archs")
+            archs = _arch_list(read, entry, where + ("cuda_archs",))
+        specs.append(PlatformSpec(arch=arch, cuda_archs=archs, engine=_engine(read, entry, where + ("engine",))))
+    return tuple(specs)
+
+
+def _engine(read: RecipeReader, table: dict, key: Key) -> str | None:
+    endpoint = read.string(table, key)
+    if endpoint is None:
+        return None
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme not in _ENGINE_SCHEMES or not rest or any(c.isspace() or not c.isprintable() for c in endpoint):
+        raise read.error(key, f"{show(endpoint)} is not a Docker endpoint",
+                         hint='as DOCKER_HOST takes it: "unix:///run/docker-arm64.sock", "tcp://grace-1:2376" '
+                              'or "ssh://builder@grace-1"')
+    return endpoint
+
+
+def _arch_list(read: RecipeReader, table: dict, key: Key) -> tuple[Arch, ...]:
+    archs: list[Arch] = []
+    for index, text in enumerate(read.strings(table, key, required=True, example='["sm_120a"]')):
+        try:
+            arch = Arch.parse(text)
+        except ValueError as err:
+            raise read.error(key + (index,), str(err),
+                             hint="sm_<major><minor>, or major.minor, with an optional a (this GPU only) "
+                                  "or f (its family) suffix") from None
+        if arch not in archs:
+            archs.append(arch)
+    return tuple(archs)
+
+
 def _cuda(read: RecipeReader, table: dict) -> CudaSpec:
     key = ("cuda",)
     read.known_keys(table, key, _CUDA_KEYS)
@@ -406,16 +504,7 @@ def _cuda(read: RecipeReader, table: dict) -> CudaSpec:
         except ValueError:
             hint = 'e.g. toolkit = "13.0"'
         raise read.error(key + ("toolkit",), f"{show(toolkit)} is not a CUDA major.minor", hint=hint)
-    archs: list[Arch] = []
-    for index, text in enumerate(read.strings(table, key + ("archs",), required=True, example='["sm_120a"]')):
-        try:
-            arch = Arch.parse(text)
-        except ValueError as err:
-            raise read.error(key + ("archs", index), str(err),
-                             hint="sm_<major><minor>, or major.minor, with an optional a (this GPU only) "
-                                  "or f (its family) suffix") from None
-        if arch not in archs:
-            archs.append(arch)
+    archs = _arch_list(read, table, key + ("archs",))
     min_driver = read.string(table, key + ("min_driver",), required=True, example='"580.65.06"')
     try:
         parse_driver(min_driver)
