@@ -24,7 +24,10 @@ def add_commands(command) -> None:
     cmd.add_argument("image")
     cmd.add_argument("-o", "--output", type=Path,
                      help="the template's path, ending .tar.zst, .tar.gz or .tar.xz (.tar with --oci); "
-                     "default NAME_TAG_amd64.tar.zst here")
+                     "default NAME_TAG_ARCH.tar.zst here, ARCH the exported image's")
+    cmd.add_argument("--platform", metavar="PLATFORM",
+                     help="export this platform's image (linux/arm64 or arm64): IMAGE if it is that "
+                     "platform, else IMAGE-ARCH, the tag a multi-platform build gives it (default: IMAGE as it is)")
     cmd.add_argument("--compress", choices=sorted(lxc.COMPRESSORS),
                      help="compressor (default: from the output's suffix, else zst)")
     cmd.add_argument("--init", choices=["auto", "shim", "image"], default="auto",
@@ -61,7 +64,9 @@ def _sigterm_interrupts():
 def export_lxc(args: argparse.Namespace, out: Console, err: Console) -> int:
     from imagebuild.engine import default_engine
     engine = default_engine("docker")
-    output = args.output or Path(lxc.default_name(args.image, args.compress or "zst", args.oci))
+    image, platform = lxc.resolve_image(engine, args.image, args.platform)
+    output = args.output or Path(lxc.default_name(args.image, args.compress or "zst", args.oci,
+                                                  lxc.arch_of(platform)))
     with err.status(line("exporting")) as status, _sigterm_interrupts():
         def progress(text: str) -> None:
             if text.startswith("exported "):
@@ -69,10 +74,10 @@ def export_lxc(args: argparse.Namespace, out: Console, err: Console) -> int:
             else:
                 err.print(line(("›", "bold cyan"), " ", text))
         if args.oci:
-            report = lxc.export_oci(engine, args.image, output, progress=progress)
+            report = lxc.export_oci(engine, image, output, progress=progress)
         else:
             command = None if args.cmd is None else tuple(shlex.split(args.cmd))
-            report = lxc.export_template(engine, args.image, output, compression=args.compress,
+            report = lxc.export_template(engine, image, output, compression=args.compress,
                                          init=args.init, command=command, progress=progress)
     if args.json:
         out.print_json(data=report.to_dict())
@@ -89,8 +94,10 @@ def export_lxc(args: argparse.Namespace, out: Console, err: Console) -> int:
                        f"{rootfs.members} entries; dropped {len(rootfs.dropped)} outside /dev"))
     kind = f"LXC template ({report.compression})" if report.format == "lxc-rootfs" else \
         f"OCI archive (via {report.tool})"
-    out.print(line(("wrote", "green"), " ", str(report.path), f"  {kind}  {report.size / 1e6:.0f} MB  "
-                   f"sha256 {report.sha256[:16]}…  in {report.seconds:.1f} s"))
+    out.print(line(("wrote", "green"), " ", str(report.path), f"  {kind}  ", report.platform or "platform unknown",
+                   f"  {report.size / 1e6:.0f} MB  sha256 {report.sha256[:16]}…  in {report.seconds:.1f} s"))
+    if report.image != args.image:
+        out.print(line("  from ", report.image, ", the ", report.platform, " image of ", args.image))
     return EXIT_OK
 
 

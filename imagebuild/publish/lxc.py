@@ -7,6 +7,9 @@ pve-container unpacks a template with `tar xpf --numeric-owner --xattrs --anchor
 under a uid shift of 100000 (src/PVE/LXC/Create.pm), picks its setup plugin by /etc/os-release ID and
 starts /sbin/init. docs/proxmox.md says what the template holds and why. Nothing here holds more than
 one file of the image in memory, and the final path appears only when the template is complete.
+
+Docker 20.10 keeps one platform per tag, so a multi-platform build tags each platform's image
+NAME:TAG-<arch>; resolve_image() picks the one for `--platform`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 from imagebuild.common import atomic_output, sha256_file
+from imagebuild.engine.contract import config_platform, split_ref
 from imagebuild.engine.streams import widen_pipe
 from imagebuild.errors import ImagebuildError, ToolMissing
 from imagebuild.image import tarstream
@@ -34,6 +38,95 @@ BUFFER = 1 << 20
 COMPRESSORS = {"zst": (".tar.zst", ("zstd", "-T0", "-q", "-c")),
                "gz": (".tar.gz", ("pigz", "-n", "-c")),  # gzip -n -c when pigz is missing
                "xz": (".tar.xz", ("xz", "-T0", "-q", "-c"))}
+# Go's GOARCH names, as image configs write them; the aliases are what `uname -m` says.
+ARCHES = ("amd64", "arm64", "arm", "386", "ppc64le", "s390x", "riscv64")
+ARCH_ALIASES = {"x86_64": "amd64", "x86-64": "amd64", "aarch64": "arm64"}
+PLATFORM_TAG_ARCHES = ("amd64", "arm64")  # the NAME:TAG-<arch> tags a multi-platform build makes
+
+
+class PlatformNotFound(TemplateError):
+    """Neither IMAGE nor IMAGE-<arch> is an image of the platform asked for."""
+
+    def __init__(self, image: str, platform: str, found: dict[str, str]):
+        self.image, self.platform, self.found = image, platform, dict(found)
+        seen = "; ".join(f"{ref} is {found[ref]}" for ref in found) or f"no image {image!r} at all"
+        tagged = f" (its image is tagged {platform_tag(image, arch_of(platform))})" if has_tags(image) else ""
+        super().__init__(f"no {platform} image of {image}: {seen}. Build the recipe for {platform}{tagged}, "
+                         "or name that platform's image instead")
+
+    def details(self) -> dict:
+        return {"image": self.image, "platform": self.platform, "found": self.found}
+
+
+# ---------------------------------------------------------------- platform
+
+def parse_platform(text: str) -> str:
+    """`linux/arm64`, `arm64` or `aarch64` -> `linux/arm64`; a variant stays (`linux/arm/v7`), except
+    arm64's v8, which every arm64 image is."""
+    parts = str(text).strip().lower().split("/")
+    if len(parts) == 1:
+        parts = ["linux", *parts]
+    os_name, arch, variant = (parts + [""])[:3] if len(parts) <= 3 else ("", "", "")
+    arch = ARCH_ALIASES.get(arch, arch)
+    if os_name != "linux" or arch not in ARCHES or (variant and not re.fullmatch(r"v[0-9]{1,2}", variant)):
+        raise TemplateError(f"--platform {text!r}: write linux/ARCH or ARCH, ARCH one of "
+                            f"{', '.join(ARCHES)} (linux/arm/v7 for a variant)")
+    return f"linux/{arch}" + (f"/{variant}" if variant and (arch, variant) != ("arm64", "v8") else "")
+
+
+def same_platform(asked: str, found: str) -> bool:
+    """Does the image's platform (ImageInfo.platform) answer the one asked for?"""
+    try:
+        asked, found = parse_platform(asked), parse_platform(found)
+    except TemplateError:
+        return False
+    return found == asked or (asked.count("/") == 1 and found.startswith(asked + "/"))  # any variant
+
+
+def has_tags(image: str) -> bool:
+    """A name:tag has per-platform tags beside it; a digest or an image id has none."""
+    return "@" not in image and not image.startswith("sha256:")
+
+
+def platform_tag(image: str, arch: str) -> str:
+    """`myorg/x:1.0` -> `myorg/x:1.0-arm64`: where a multi-platform build tags one platform's image."""
+    name, tag = split_ref(image)
+    return f"{name}:{tag}-{arch}"
+
+
+def resolve_image(engine, image: str, platform: str | None = None) -> tuple[str, str]:
+    """(the reference to export, its platform): IMAGE as it is without `platform`; with one, IMAGE when it
+    is that platform, else IMAGE-<arch> when that is. PlatformNotFound says what there is otherwise."""
+    engine.check()
+    info = engine.inspect(image)
+    if platform is None:
+        if info is None:
+            raise TemplateError(f"no image {image!r} in the {engine.name} engine")
+        return image, info.platform
+    asked = parse_platform(platform)
+    found = {image: info.platform} if info else {}
+    if info and same_platform(asked, info.platform):
+        return image, info.platform
+    if not has_tags(image):
+        raise PlatformNotFound(image, asked, found)
+    arch = arch_of(asked)
+    for tag_arch in dict.fromkeys((arch, *PLATFORM_TAG_ARCHES)):  # the others only to say what there is
+        ref = platform_tag(image, tag_arch)
+        tagged = engine.inspect(ref)
+        if tagged is None:
+            continue
+        if tag_arch == arch and same_platform(asked, tagged.platform):
+            return ref, tagged.platform
+        found[ref] = tagged.platform
+    raise PlatformNotFound(image, asked, found)
+
+
+def arch_of(platform: str) -> str:
+    """`linux/arm64` -> `arm64`, the architecture Proxmox's template names carry."""
+    parts = platform.split("/")
+    return parts[1] if len(parts) > 1 and parts[1] else "amd64"
+
+
 # ---------------------------------------------------------------- export
 
 def compression_for(path: Path, requested: str | None = None) -> str:
@@ -50,12 +143,13 @@ def compression_for(path: Path, requested: str | None = None) -> str:
     return found
 
 
-def default_name(image: str, compression: str = "zst", oci: bool = False) -> str:
+def default_name(image: str, compression: str = "zst", oci: bool = False, arch: str = "amd64") -> str:
     """Proxmox's template naming: `name_version_arch.tar.zst` (imagebuild/cuda-toolchain:13.0 ->
-    imagebuild-cuda-toolchain_13.0_amd64.tar.zst)."""
+    imagebuild-cuda-toolchain_13.0_amd64.tar.zst); arch is the exported image's (arch_of)."""
     name, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
     stem = re.sub(r"[^A-Za-z0-9.+-]+", "-", name.replace("/", "-")).strip("-") or "image"
-    return f"{stem}_{tag}_amd64" + (".tar" if oci else COMPRESSORS[compression][0])
+    arch = re.sub(r"[^A-Za-z0-9]+", "", arch) or "amd64"
+    return f"{stem}_{tag}_{arch}" + (".tar" if oci else COMPRESSORS[compression][0])
 
 
 def compressor_command(compression: str) -> list[str]:
@@ -112,7 +206,8 @@ def image_config(engine, image: str) -> ImageConfig:
     return ImageConfig(id=data["Id"], env=tuple(config.get("Env") or ()),
                        command=tuple(config.get("Entrypoint") or ()) + tuple(config.get("Cmd") or ()),
                        workdir=config.get("WorkingDir") or "", user=config.get("User") or "",
-                       created=epoch)
+                       created=epoch,
+                       platform=config_platform(data.get("Os"), data.get("Architecture"), data.get("Variant")))
 
 
 def rootfs_members(stream: BinaryIO) -> Iterator[tuple[str, tarstream.Member]]:
@@ -157,7 +252,7 @@ def export_template(engine, image: str, out: Path, *, compression: str | None = 
     plan = TemplatePlan(init=init, command=config.command if command is None else tuple(command),
                         workdir=config.workdir, env=config.env, epoch=epoch)
     info = engine.inspect(config.id)
-    progress(f"exporting {image} ({config.id[7:19]}) to {out} ({compression})")
+    progress(f"exporting {image} ({config.id[7:19]}, {config.platform}) to {out} ({compression})")
     with engine.export_rootfs(config.id) as stream:
         summary, size, digest = write_template(stream, out, plan, compression,
                                                _throttled(progress, info.size if info else 0))
@@ -168,7 +263,7 @@ def export_template(engine, image: str, out: Path, *, compression: str | None = 
         summary.warnings.append(f"the image's USER {config.user} is not applied: the shim runs its "
                                 "command as root")
     return TemplateReport(image, config.id, str(out), "lxc-rootfs", compression, size, digest,
-                          time.monotonic() - started, summary)
+                          time.monotonic() - started, summary, platform=config.platform)
 
 
 def export_oci(engine, image: str, out: Path, *, writer: str = "auto",
@@ -208,7 +303,7 @@ def export_oci(engine, image: str, out: Path, *, writer: str = "auto",
                 raise TemplateError(f"skopeo copy failed: {proc.stderr.strip()}")
         size, digest = temp.stat().st_size, sha256_file(temp)
     return TemplateReport(image, config.id, str(out), "oci-archive", None, size, digest,
-                          time.monotonic() - started, None, tool)
+                          time.monotonic() - started, None, tool, config.platform)
 
 
 def _tar_folder(folder: Path, path: Path, epoch: int) -> None:

@@ -73,6 +73,7 @@ class ImageConfig:
     workdir: str = ""
     user: str = ""
     created: int = 0  # seconds since the epoch
+    platform: str = ""  # linux/arm64, from the config's os, architecture (and variant)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class TemplateReport:
     seconds: float
     rootfs: RootfsSummary | None = None
     tool: str = ""  # for OCI: what wrote the layout
+    platform: str = ""  # the exported image's: linux/amd64, linux/arm64
 
     def to_dict(self) -> dict:
         data = asdict(self)
