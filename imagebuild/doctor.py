@@ -8,6 +8,9 @@ CUDA the driver runs, glibc against nvcc, and whether nvcc and ptxas can target 
 
     diagnose(python=None)            the host: python3 on PATH, or the interpreter given
     diagnose_image(image, engine)    the same probe inside a container of the image
+
+An image of another platform than the host's runs under emulation (a qemu binfmt handler); without a
+registered handler it cannot run at all, which the `platform` finding says instead of the probe.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import time
@@ -40,6 +44,13 @@ _FIND_PYTHON = ('for p in python3 python; do if command -v "$p" >/dev/null 2>&1;
                 'exit 127')
 
 
+BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
+MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}  # uname -m -> GOARCH
+QEMU_ARCH = {"amd64": "x86_64", "arm64": "aarch64", "arm": "arm", "386": "i386", "ppc64le": "ppc64le",
+             "s390x": "s390x", "riscv64": "riscv64"}  # GOARCH -> qemu-user's name, as binfmt-support registers it
+BINFMT_FIX = "apt-get install qemu-user-static binfmt-support"
+
+
 class DoctorFailed(ImagebuildError):
     """The probe could not run, or printed no report: nothing was diagnosed."""
 
@@ -53,6 +64,7 @@ class DoctorReport:
     host: dict
     seconds: float  # the whole diagnosis, container start included
     probe_seconds: float | None = None  # the probe alone, as it measured itself
+    platform: dict | None = None  # images: their platform, the host's, and how a foreign one runs
 
     @property
     def ok(self) -> bool:
@@ -70,7 +82,7 @@ class DoctorReport:
         return {"target": self.target, "python": self.python, "ok": self.ok, "errors": len(self.errors),
                 "warnings": len(self.warnings), "seconds": round(self.seconds, 2),
                 "probe_seconds": self.probe_seconds, "findings": self.findings,
-                "facts": self.facts, "host": self.host}
+                "facts": self.facts, "host": self.host, "platform": self.platform}
 
 
 # ---- running the probe ----------------------------------------------------------------------
@@ -103,25 +115,91 @@ def diagnose(python: str | None = None, *, env: Mapping[str, str] | None = None,
 
 def diagnose_image(image: str, engine: Engine, *, python: str | None = None, env: Mapping[str, str] | None = None,
                    unset: Iterable[str] = (), gpus: bool | None = None,
-                   timeout: float = PROBE_TIMEOUT_S) -> DoctorReport:
+                   timeout: float = PROBE_TIMEOUT_S, binfmt_dir: Path | None = None) -> DoctorReport:
     """Run the same probe in a throwaway container of the image (network off), under `python` or the image's
-    python3; env and unset change the container's variables first, as `docker run -e` would."""
+    python3; env and unset change the container's variables first, as `docker run -e` would. An image of
+    another platform runs emulated through the qemu handler registered under binfmt_dir (default
+    BINFMT_DIR), or not at all."""
     started = time.monotonic()
     engine.check()
-    if engine.inspect(image) is None:
+    info = engine.inspect(image)
+    if info is None:
         raise DoctorFailed(f"no image {image!r} in the {engine.name} engine")
+    runs = image_platform(info.platform or "linux/amd64", binfmt_dir=binfmt_dir)
+    if runs["emulated"] and not runs["binfmt"]["enabled"]:  # the container could not even start
+        return DoctorReport(f"image {image}", python or "python3", [platform_finding(runs)], {}, {},
+                            time.monotonic() - started, platform=runs)
     payload = inline_probe()
     changes = [f"-u{key}" for key in unset] + [f"{key}={value}" for key, value in (env or {}).items()]
     run = [python, "-c", bundle.BOOTSTRAP, payload, "--doctor"] if python else \
         ["sh", "-c", _FIND_PYTHON, "sh", bundle.BOOTSTRAP, payload]
     command = (["env", *changes] if changes else []) + run
-    gpus = os.path.exists("/dev/nvidiactl") if gpus is None else gpus
+    if gpus is None:  # the host's driver libraries are of the host's architecture, useless when emulated
+        gpus = os.path.exists("/dev/nvidiactl") and not runs["emulated"]
     result = engine.run(image, command, network=False, gpus=gpus, timeout=timeout)
     if result.timed_out:
         raise DoctorFailed(f"the doctor probe in {image} did not finish in {timeout:.0f} s")
     raw = _report(result.stdout, result.exit_code, result.stderr, f"in {image}")
-    return _finish(raw, f"image {image}", raw.get("host", {}).get("executable") or python or "python3",
-                   time.monotonic() - started)
+    report = _finish(raw, f"image {image}", raw.get("host", {}).get("executable") or python or "python3",
+                     time.monotonic() - started)
+    report.findings.insert(0, platform_finding(runs))
+    report.platform = runs
+    return report
+
+
+# ---- the image's platform against the host's ------------------------------------------------
+
+def host_arch(machine: str | None = None) -> str:
+    """`uname -m` as an image config names the architecture: x86_64 -> amd64, aarch64 -> arm64."""
+    machine = (platform.machine() if machine is None else machine).lower()
+    return MACHINE_ARCH.get(machine, machine)
+
+
+def binfmt_handler(arch: str, binfmt_dir: Path | None = None) -> dict:
+    """The qemu binfmt handler that runs `arch` binaries here: its name (None for an arch qemu-user
+    does not know), its file, and whether it is registered and enabled (its first line says so)."""
+    name = f"qemu-{QEMU_ARCH[arch]}" if arch in QEMU_ARCH else None
+    path = Path(binfmt_dir or BINFMT_DIR) / name if name else None
+    try:
+        first = path.read_text(errors="replace").split("\n", 1)[0].strip() if path else None
+    except OSError:  # not registered, or no binfmt_misc mounted
+        first = None
+    return {"handler": name, "path": str(path) if path else None, "registered": first is not None,
+            "enabled": first == "enabled"}
+
+
+def image_platform(image: str, machine: str | None = None, binfmt_dir: Path | None = None) -> dict:
+    """How an image of `image` (ImageInfo.platform, linux/arm64[/v8]) runs on this host."""
+    parts = str(image).split("/")
+    arch = parts[1] if len(parts) > 1 and parts[1] else str(image)
+    host = host_arch(machine)
+    emulated = arch != host
+    return {"image": str(image), "host": f"linux/{host}", "emulated": emulated,
+            "binfmt": binfmt_handler(arch, binfmt_dir) if emulated else None}
+
+
+def platform_finding(runs: Mapping) -> dict:
+    """The `platform` finding: the host's own; emulated (slow, no GPU); or cannot run (no handler)."""
+    image, host, binfmt = runs["image"], runs["host"], runs["binfmt"]
+    if not runs["emulated"]:
+        return probe.make_finding("platform", probe.PASS, f"{image}, the host's own", image=image, host=host)
+    if binfmt["enabled"]:
+        return probe.make_finding(
+            "platform", probe.WARN, f"{image} on a {host} host: runs under emulation ({binfmt['handler']}, "
+            "binfmt handler enabled), slowly, and without the GPU, whose driver libraries here are "
+            f"{host.split('/')[1]}", image=image, host=host, binfmt=binfmt)
+    if binfmt["handler"] is None:
+        return probe.make_finding("platform", probe.FAIL, f"{image or 'an unknown platform'} on a {host} "
+                                  "host: imagebuild knows no qemu handler that runs it, so the image cannot "
+                                  "run here", f"run doctor on a {image or 'matching'} host", image=image,
+                                  host=host, binfmt=binfmt)
+    registered = binfmt["registered"]
+    fix = f"update-binfmts --enable {binfmt['handler']}" if registered else BINFMT_FIX
+    return probe.make_finding(
+        "platform", probe.FAIL, f"{image} on a {host} host needs emulation, and its binfmt handler "
+        f"{binfmt['handler']} {'is disabled' if registered else 'is not registered'} ({binfmt['path']}): "
+        "the image cannot run here", probe.shell_fix([fix], [f"or run doctor on a {image} host"]),
+        image=image, host=host, binfmt=binfmt)
 
 
 def inline_probe() -> str:
