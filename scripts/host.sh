@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 # docker.io client), mmdebstrap for bases, and the real counterparts the tests talk to.
 APT_PACKAGES=(docker.io mmdebstrap zstd python3 python3-venv ca-certificates git
               skopeo docker-registry apache2-utils openssl buildah umoci systemd-container
-              xz-utils pigz oci-image-tool jq iproute2)
+              xz-utils pigz oci-image-tool jq iproute2
+              qemu-user-static binfmt-support arch-test)
 
 log() { printf '\033[1;36m[host]\033[0m %s\n' "$*" >&2; }
 
@@ -36,6 +37,16 @@ make_venv() {
   fi
 }
 
+# arm64 images build and run here under emulation: the kernel's binfmt_misc runs arm64 binaries
+# through qemu-user-static (its handler is registered with F, so it works inside containers too).
+register_binfmt() {
+  [ -e /proc/sys/fs/binfmt_misc/status ] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null || true
+  if [ -e /proc/sys/fs/binfmt_misc/status ] && ! grep -qs '^enabled' /proc/sys/fs/binfmt_misc/qemu-aarch64; then
+    update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
+  fi
+  arch-test arm64 >/dev/null 2>&1 || log "arm64 emulation is not available here (binfmt_misc): arm64 builds and tests will say so"
+}
+
 start_engine() {
   if /usr/bin/docker info >/dev/null 2>&1; then return; fi
   log "starting dockerd (log: /var/log/imagebuild-dockerd.log)"
@@ -48,6 +59,7 @@ start_engine() {
 }
 
 install_packages
+register_binfmt
 make_venv
 start_engine
 export IMAGEBUILD_DOCKER_CLI=/usr/bin/docker

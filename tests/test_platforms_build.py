@@ -1,0 +1,152 @@
+"""Several platforms built for real: recipes/cuda-toolchain-multiarch.toml for amd64 and arm64 (arm64
+under qemu-user-static emulation), each smoke-tested in its own container, joined by export-oci into
+one OCI image index that two builds reproduce, pushed as one tag to a real loopback registry and
+pulled back by platform with skopeo; and a platform built on its own engine (a second local dockerd
+on its own socket, standing in for a native Grace builder).
+
+Images are tagged with this process's id and removed at the end (the lock-labelled images a build
+reuses are the engine's cache, as for every build)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from imagebuild import platforms
+from imagebuild.cli import app as cli
+from imagebuild.errors import EngineUnavailable
+from imagebuild.image import index
+from imagebuild.lock import read_lock
+from tests import engine_daemon, registry_server
+
+pytestmark = pytest.mark.engine
+ROOT = Path(__file__).resolve().parent.parent
+MULTI = ROOT / "recipes" / "cuda-toolchain-multiarch.toml"
+PID = os.getpid()
+DOCKER = os.environ.get("IMAGEBUILD_DOCKER_CLI", "/usr/bin/docker")
+
+
+def emulation_problem() -> str | None:
+    """Why arm64 binaries cannot run here, or None (scripts/host.sh registers qemu-user-static)."""
+    handler = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
+    if not handler.is_file() or not handler.read_text().startswith("enabled"):
+        return "no arm64 binfmt handler is registered: run scripts/host.sh (qemu-user-static, binfmt-support)"
+    return None
+
+
+def unavailable(why: str):
+    (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
+
+
+def built_tags(engine, ref: str) -> list[str]:
+    return [r for r in (ref, platforms.platform_ref(ref, "amd64"), platforms.platform_ref(ref, "arm64"))
+            if engine.inspect(r) is not None]
+
+
+@pytest.mark.slow
+def test_one_recipe_builds_amd64_and_arm64_into_one_reproducible_index_pushed_as_one_tag(engine, tmp_path):
+    why = emulation_problem() or (", ".join(registry_server.missing_tools()) or None)
+    if why:
+        unavailable(why)
+    ref = f"imagebuild-test/multiarch-{PID}:13.0"
+    server = registry_server.start_registry(tmp_path / "registry")
+    try:
+        report = platforms.build(MULTI, engine, tag=ref)
+        assert set(report.platforms) == {"amd64", "arm64"} and report.native == "amd64"
+        for arch, one in report.platforms.items():
+            info = engine.inspect(one.image)
+            assert info.platform.startswith(f"linux/{arch}"), info.platform
+            assert info.labels["io.imagebuild.lock.sha256"] == read_lock(Path(report.lock_path), arch).sha256
+            checks = {c["name"]: c for c in one.smoke.report["checks"]}
+            assert one.smoke.ok and checks["cuda-toolchain"]["status"] == "pass"
+        # The deep_gemm tier compiled on arm64 too, for the arm64 platform's own SM12x target (DGX Spark).
+        arm_checks = {c["name"]: c for c in report.platforms["arm64"].smoke.report["checks"]}
+        assert arm_checks["deep-gemm-sm120"]["status"] == "pass"
+        assert "sm_121" in arm_checks["deep-gemm-sm120"]["detail"]
+        assert engine.inspect(ref).id == engine.inspect(platforms.platform_ref(ref, "amd64")).id
+        machine = subprocess.run([DOCKER, "run", "--rm", "--network", "none", platforms.platform_ref(ref, "arm64"),
+                                  "python", "-c", "import platform; print(platform.machine())"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        assert machine == "aarch64"
+
+        first = export(ref, tmp_path / "first")
+        # Two builds, one index: the second from an empty builder cache.
+        subprocess.run([DOCKER, "builder", "prune", "-af"], check=True, capture_output=True)
+        again = platforms.build(MULTI, engine, tag=ref, rebuild=True)
+        assert not any(one.reused for one in again.platforms.values())
+        second = export(ref, tmp_path / "second")
+        assert second == first
+
+        target = f"{server.host}/team/cuda-toolchain:13.0"
+        assert cli.main(["push", str(tmp_path / "first"), target, "--insecure-http"]) == 0
+        raw = json.loads(registry_server.run("skopeo", "inspect", "--raw", "--tls-verify=false",
+                                             f"docker://{target}").stdout)
+        assert raw["mediaType"] == "application/vnd.oci.image.index.v1+json"
+        assert sorted(m["platform"]["architecture"] for m in raw["manifests"]) == ["amd64", "arm64"]
+        pulled = tmp_path / "pulled"
+        registry_server.run("skopeo", "copy", "--insecure-policy", "--src-tls-verify=false", "--preserve-digests",
+                            "--override-arch", "arm64", f"docker://{target}", f"oci:{pulled}:x")
+        got = json.loads((pulled / "index.json").read_text())["manifests"][0]["digest"]
+        assert got == index.read_index_layout(tmp_path / "first").manifest_for("linux/arm64").digest
+    finally:
+        server.stop()
+        for tag in built_tags(engine, ref):
+            subprocess.run([DOCKER, "rmi", tag], capture_output=True)
+
+
+def export(ref: str, out: Path) -> str:
+    """export-oci of both platforms' images into one layout: its index digest."""
+    amd, arm = platforms.platform_ref(ref, "amd64"), platforms.platform_ref(ref, "arm64")
+    assert cli.main(["export-oci", amd, arm, "-o", str(out), "--json"]) == 0
+    return index.read_index_layout(out).index.digest
+
+
+TINY = """\
+[image]
+name = "imagebuild-test/remote-builder"
+tag = "{tag}"
+
+[base]
+debian = "bookworm"
+packages = ["g++"]
+
+[python]
+requirements = ["six==1.16.0"]
+
+[platforms.amd64]
+engine = "{endpoint}"
+"""
+
+
+def test_a_platform_is_built_on_its_own_engine_and_copied_back(engine, write_recipe):
+    why = engine_daemon.why_not()
+    if why:
+        unavailable(why)
+    tag = f"remote-{PID}"
+    ref = f"imagebuild-test/remote-builder:{tag}"
+    daemon = engine_daemon.start_daemon()
+    try:
+        recipe = write_recipe(TINY.format(tag=tag, endpoint=daemon.host), name="remote-builder")
+        # No smoke: the probe fails an image without a CUDA toolchain by design; the slow test smokes.
+        report = platforms.build(recipe, engine, run_smoke=False)
+        one = report.platforms["amd64"]
+        assert "copy" in one.seconds and one.smoke is None
+        assert daemon.docker("run", "--rm", "--network", "none", one.image, "python", "-c",
+                             "import six; print(six.__version__)").stdout.strip() == "1.16.0"
+        # Built there (the builder holds it), and here under the same id for export-oci and push.
+        there = json.loads(daemon.docker("image", "inspect", one.image).stdout)[0]["Id"]
+        assert there == one.image_id == engine.inspect(one.image).id == engine.inspect(ref).id
+        # Negative control: an endpoint with no engine behind it stops the build and tags nothing.
+        dead = write_recipe(TINY.format(tag=tag + "-dead", endpoint=f"unix://{daemon.root}/nothing.sock"),
+                            name="remote-dead")
+        with pytest.raises(EngineUnavailable, match="nothing.sock"):
+            platforms.build(dead, engine, run_smoke=False)
+        assert engine.inspect(f"imagebuild-test/remote-builder:{tag}-dead-amd64") is None
+    finally:
+        daemon.stop()
+        for name in built_tags(engine, ref):
+            subprocess.run([DOCKER, "rmi", name], capture_output=True)
