@@ -103,4 +103,8 @@ def test_repository_locks_are_fresh():
     for recipe_path in sorted((REPO / "recipes").glob("*.toml")):
         recipe = load_recipe(recipe_path)
         lock_path = REPO / "lockfiles" / f"{recipe.stem}.lock"
-        ensure_fresh(read_lock(lock_path), recipe, lock_path)
+        if recipe.platforms:  # one lock per platform in the file
+            for spec in recipe.platforms:
+                ensure_fresh(read_lock(lock_path, spec.arch), recipe.for_platform(spec.arch), lock_path)
+        else:
+            ensure_fresh(read_lock(lock_path), recipe, lock_path)
