@@ -16,6 +16,7 @@ from imagebuild.errors import LockError, RecipeError, ResolveFailed
 from imagebuild.lock import Lock, LockedWheel, PlatformLocks, parse_locks, read_lock, resolve_lock, write_locks
 from imagebuild.lock.resolve import missing_wheel
 from imagebuild.recipe.model import load_recipe, parse_recipe
+from tests.json_fuzz import replace_one_field
 
 RECIPE = """\
 [image]
@@ -171,30 +172,12 @@ def test_a_platform_entry_for_another_arch_is_refused():
         parse_locks(json.dumps(data), "x.lock")
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=5),
-    max_leaves=30)
-
-
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_a_multi_platform_lock_with_one_field_replaced_never_tracebacks(data):
     doc = json.loads(PlatformLocks("multi", "d" * 64, {"amd64": one_lock("amd64"), "arm64": one_lock("arm64")})
                      .to_json())
-    paths = []
-
-    def walk(node, path):
-        paths.append(path)
-        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for key, child in children:
-            walk(child, path + (key,))
-    walk(doc, ())
-    path = data.draw(st.sampled_from([p for p in paths if p]))
-    target = doc
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = data.draw(json_values)
+    replace_one_field(doc, data)
     try:
         parse_locks(json.dumps(doc), "fuzz.lock")
     except LockError:

@@ -18,6 +18,7 @@ from imagebuild.lock import (Lock, LockedWheel, ensure_fresh, parse_lock, parse_
                              write_lock)
 from imagebuild.recipe.layers import LayerPlan
 from imagebuild.recipe.model import load_recipe
+from tests.json_fuzz import json_values, replace_one_field
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "locks"
 BOOKWORM = BaseIdentity(kind="debian", suite="bookworm", arch="amd64", python="3.11", glibc="2.36",
@@ -106,13 +107,6 @@ def test_a_damaged_lock_names_the_key(mutate, key):
         parse_lock(json.dumps(data), "lockfiles/x.lock")
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children,
-                                                                         max_size=5),
-    max_leaves=30)
-
-
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.text(max_size=200), json_values.map(json.dumps)))
 def test_any_text_is_a_lock_or_a_lock_error(text):
@@ -126,19 +120,7 @@ def test_any_text_is_a_lock_or_a_lock_error(text):
 @given(st.data())
 def test_a_real_lock_with_one_field_replaced_never_tracebacks(data):
     doc = json.loads(_lock().to_json())
-    paths = []
-
-    def walk(node, path):
-        paths.append(path)
-        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for key, child in children:
-            walk(child, path + (key,))
-    walk(doc, ())
-    path = data.draw(st.sampled_from([p for p in paths if p]))
-    target = doc
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = data.draw(json_values)
+    replace_one_field(doc, data)
     try:
         parse_lock(json.dumps(doc), "fuzz.lock")
     except LockError:

@@ -28,14 +28,7 @@ from registry_server import start_registry  # noqa: E402
 REPO = f"imagebuild-test/push-index-{os.getpid()}"
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    """No credentials, docker config or blob cache from the machine running the tests."""
-    for name in list(os.environ):
-        if name.startswith("IMAGEBUILD_REGISTRY_") or name in ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
-    monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))
+from tests.publish.test_registry import isolated  # noqa: E402,F401 -- autouse: no credentials, config or cache of the machine
 
 
 def imagebuild(capsys, *argv) -> tuple[int, dict]:
