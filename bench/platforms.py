@@ -5,8 +5,9 @@
   removed, builder cache and uv cache mount pruned): per platform the base, build, smoke seconds and
   image size, and arm64 / amd64 ratios. amd64 is the baseline: the same recipe built natively.
 - --flagship: the flagship recipe for arm64 only (DGX Spark, sm_121a), locked and built under emulation
-  with a time limit: how long the lock and each finished build step take, and where it stood when
-  the limit came. It says whether the full stack is practical to emulate on this machine.
+  without its x86_64 [[prune]] globs, from an empty builder cache, with a time limit: how long the
+  lock, each build step and the smoke test take, and where it stood when the limit came. It says
+  whether the full stack is practical to emulate on this machine.
 
 Usage: .venv/bin/python bench/platforms.py [--flagship] [--limit SECONDS]
 """
@@ -58,10 +59,13 @@ def toolchain(engine) -> dict:
 
 
 def flagship(limit: float) -> dict:
-    """The flagship for arm64 alone, locked, then built without smoke until `limit` seconds."""
+    """The flagship for arm64 alone, locked, then built and smoke-tested until `limit` seconds."""
     source = (REPO / "recipes" / "sglang-blackwell.toml").read_text()
     source = source.replace('file = "patches/', f'file = "{REPO}/recipes/patches/')
     source = re.sub(r'(?m)^name = "([^"]+)"', r'name = "imagebuild-bench/sglang-arm64"', source, count=1)
+    # The flagship's sglang-kernel [[prune]] globs name x86_64-only files (the aarch64 wheel has no
+    # flash_ops.abi3.so or flashmla_ops.abi3.so): the arm64 image keeps that wheel whole.
+    source = re.sub(r'(?ms)^\[\[prune\]\]\npackage = "sglang-kernel".*?(?=^\[|\Z)', "", source)
     source += '\n[platforms.arm64]\ncuda_archs = ["sm_121a"]  # DGX Spark\n'
     folder = Path(tempfile.mkdtemp(prefix="bench-arm64-"))
     (folder / "recipes").mkdir()
@@ -78,17 +82,23 @@ def flagship(limit: float) -> dict:
     report = json.loads(locked.stdout)
     out["wheels"] = report["packages"]
     steps, started = [], time.monotonic()
-    proc = subprocess.Popen([*imagebuild, "build", str(recipe), "--no-smoke"], stdout=subprocess.DEVNULL,
+    subprocess.run([DOCKER, "builder", "prune", "-af"], check=True, capture_output=True)  # cold: nothing cached
+    proc = subprocess.Popen([*imagebuild, "build", str(recipe)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "IMAGEBUILD_DOCKER_CLI": DOCKER})
     starts: list[tuple[float, str]] = []  # when each build step was first named, and its name
+    tail: list[str] = []
     try:
         for text in proc.stderr:
             now = time.monotonic() - started
+            tail = (tail + [text.rstrip()[:300]])[-40:]
             if now > limit:
                 proc.kill()
                 out["stopped_at_s"] = round(now, 1)
                 break
-            if (m := re.search(r"\[stage-0 (\d+/\d+)\] (.{0,70})", text)) and m.group(1) not in {n for _, n in starts}:
+            if "smoke test: running the probe" in text:
+                starts.append((now, "smoke"))
+                out.setdefault("names", {})["smoke"] = "the probe, emulated"
+            if (m := re.search(r"\[stage-0\s+(\d+/\d+)\] (.{0,70})", text)) and m.group(1) not in {n for _, n in starts}:
                 starts.append((now, m.group(1)))
                 out.setdefault("names", {})[m.group(1)] = m.group(2).strip()
     finally:
@@ -98,6 +108,7 @@ def flagship(limit: float) -> dict:
     out.pop("names", None)
     out["build_s"] = round(time.monotonic() - started, 1)
     out["build_exit"] = proc.returncode
+    out["last_words"] = [line for line in tail if line.strip(" ›\n")][-6:]
     out["steps"] = steps
     return out
 
