@@ -117,6 +117,29 @@ def test_any_platforms_table_is_a_recipe_or_one_recipe_error(table):
         pass
 
 
+PRUNE = """
+[[prune]]
+package = "six"
+remove = ["six.py"]
+reason = "only the amd64 wheel has it"
+platforms = ["amd64"]
+"""
+
+
+def test_a_prune_entry_for_some_platforms_prunes_only_their_images(tmp_path):
+    recipe = parse(RECIPE + PRUNE, tmp_path)
+    assert [e.platforms for e in recipe.prune] == [("amd64",)]
+    assert recipe.for_platform("amd64").prune == recipe.prune
+    assert recipe.for_platform("arm64").prune == ()
+    # A one-platform recipe keeps the entries of its own platform only.
+    single = RECIPE.split("[platforms.arm64]")[0]
+    assert parse(single + PRUNE, tmp_path).prune == recipe.prune
+    assert parse(single.replace('debian = "bookworm"', 'debian = "bookworm"\narch = "arm64"') + PRUNE,
+                 tmp_path).prune == ()
+    problem = error(RECIPE + PRUNE.replace('["amd64"]', '["x86_64"]'), tmp_path)
+    assert problem.key == "prune[0].platforms[0]" and "amd64, arm64" in str(problem)
+
+
 # ---------------------------------------------------------------- compatibility, per platform
 
 def test_each_platforms_gpu_targets_are_checked_against_the_toolkit(tmp_path):

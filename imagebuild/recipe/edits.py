@@ -14,7 +14,7 @@ from packaging.utils import canonicalize_name
 from imagebuild.recipe.reader import Key, RecipeReader, show, toml_kind
 
 _PATCH_KEYS = ("package", "file", "strip")
-_PRUNE_KEYS = ("package", "remove", "strip_debug", "reason")
+_PRUNE_KEYS = ("package", "remove", "strip_debug", "reason", "platforms")
 _RECORD_GLOB = re.compile(r"(?!/)(?!.*(?:^|/)\.\.(?:/|$))[^\0\n\r\\]+")
 
 
@@ -33,6 +33,10 @@ class Prune:
     remove: tuple[str, ...] = ()  # globs over the distribution's RECORD paths
     strip_debug: tuple[str, ...] = ()  # ELF files whose debug sections go
     reason: str = ""  # why nothing in the image can use them (reports, tombstone modules)
+    platforms: tuple[str, ...] = ()  # the platforms (Debian archs) it applies to; empty: every platform
+
+    def applies_to(self, arch: str) -> bool:
+        return not self.platforms or arch in self.platforms
 
 
 def distribution_name(read: RecipeReader, key: Key, text: str) -> str:
@@ -67,7 +71,8 @@ def parse_patches(read: RecipeReader, doc: dict, folder: Path) -> tuple[Patch, .
     return tuple(patches)
 
 
-def parse_prune(read: RecipeReader, doc: dict) -> tuple[Prune, ...]:
+def parse_prune(read: RecipeReader, doc: dict, archs: tuple[str, ...]) -> tuple[Prune, ...]:
+    """[[prune]] entries; `archs` are the platform names an entry's `platforms` may hold."""
     entries = []
     for key, item in read.tables(doc, "prune", _PRUNE_KEYS):
         package = _package(read, item, key, '"sglang-kernel"')
@@ -86,8 +91,13 @@ def parse_prune(read: RecipeReader, doc: dict) -> tuple[Prune, ...]:
         if not reason.strip() or "\n" in reason or "\r" in reason:
             raise read.error(key + ("reason",), "must be one non-empty line",
                              hint="say why nothing in the image can use these files")
+        platforms = read.strings(item, key + ("platforms",), example='["amd64"]')
+        for position, arch in enumerate(platforms):
+            if arch not in archs:
+                raise read.error(key + ("platforms", position), f"{show(arch)} is not a platform",
+                                 hint=f"one of: {', '.join(archs)} (files only one platform's wheel has)")
         entries.append(Prune(package=package, remove=globs["remove"], strip_debug=globs["strip_debug"],
-                             reason=reason.strip()))
+                             reason=reason.strip(), platforms=tuple(sorted(set(platforms)))))
     return tuple(entries)
 
 

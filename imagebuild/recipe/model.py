@@ -118,7 +118,8 @@ class Recipe:
         cuda = self.cuda
         if cuda is not None and spec.cuda_archs is not None:
             cuda = replace(cuda, archs=spec.cuda_archs)
-        return replace(self, base=replace(self.base, arch=arch), cuda=cuda, platforms=())
+        return replace(self, base=replace(self.base, arch=arch), cuda=cuda, platforms=(),
+                       prune=tuple(entry for entry in self.prune if entry.applies_to(arch)))
 
 
 DEBIAN_ARCHS = ("amd64", "arm64")
@@ -179,7 +180,7 @@ def parse_recipe(text: str, path: Path) -> Recipe:
         cuda=cuda,
         platforms=platforms,
         patches=parse_patches(read, doc, absolute.parent),
-        prune=parse_prune(read, doc),
+        prune=_platform_prune(parse_prune(read, doc, DEBIAN_ARCHS), base, platforms),
         env=_string_map(read, doc, "env", _ENV_NAME,
                         "is not an environment variable name", "letters, digits and _, not starting with a digit"),
         labels=_labels(read, doc),
@@ -433,6 +434,16 @@ def _layers(read: RecipeReader, table: dict | None, key: Key) -> dict[str, tuple
                                  hint='a name with * ? or [...] wildcards, e.g. "nvidia-*"')
         layers[name] = tuple(globs)
     return layers
+
+
+def _platform_prune(prune: tuple[Prune, ...], base: DebianBase | ImageBase,
+                    platforms: tuple[PlatformSpec, ...]) -> tuple[Prune, ...]:
+    """A one-platform recipe keeps the [[prune]] entries for its platform; a multi-platform one keeps
+    them all, and each platform's recipe (for_platform) its own."""
+    if platforms:
+        return prune
+    arch = base.arch if isinstance(base, DebianBase) else "amd64"
+    return tuple(entry for entry in prune if entry.applies_to(arch))
 
 
 def _platforms(read: RecipeReader, table: dict | None, base: DebianBase | ImageBase, cuda: CudaSpec | None,
