@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from imagebuild.common import BOOTSTRAP_EPOCH, cache_dir, sha256_file
+from imagebuild.common import BOOTSTRAP_EPOCH, MACHINES, cache_dir, sha256_file
 from imagebuild.engine.streams import run_streaming
 from imagebuild.errors import ImagebuildError, ToolMissing
 from imagebuild.recipe.model import DebianBase, ImageBase
@@ -33,7 +33,6 @@ _DPKG_EXCLUDES = (
     "path-exclude=/usr/share/doc/*",
     "path-include=/usr/share/doc/*/copyright",
 )
-_UV_PLATFORM_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
 
 Progress = Callable[[str], None]
 
@@ -55,7 +54,7 @@ class BaseIdentity:
     @property
     def uv_platform(self) -> str:
         """The resolver target: the base's glibc, never the host's."""
-        return f"{_UV_PLATFORM_ARCH[self.arch]}-manylinux_{self.glibc.replace('.', '_')}"
+        return f"{MACHINES[self.arch]}-manylinux_{self.glibc.replace('.', '_')}"
 
     @property
     def image_ref(self) -> str:

@@ -4,6 +4,7 @@
     cache_dir()                   where bases, layer blobs and push state are cached
     sha256_file()                 a file's sha256, read in chunks
     atomic_output(), write_atomic()  a file appears whole or not at all (temp file, then rename)
+    host_arch(), MACHINES          Debian's architecture names against `uname -m`'s
 """
 
 from __future__ import annotations
@@ -19,6 +20,17 @@ from pathlib import Path
 # layers written during a build are clamped to the same time (docs/reproducibility.md, "The epoch").
 BOOTSTRAP_EPOCH = 1700000000
 REPRO_EPOCH = BOOTSTRAP_EPOCH
+
+
+# Debian (and OCI) architecture name -> the machine name `uname -m`, wheel tags and uv's targets use.
+MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+def host_arch(machine: str | None = None) -> str:
+    """`uname -m` (this machine's, or the one given) as Debian names it: x86_64 -> amd64, aarch64 -> arm64."""
+    import platform
+    machine = (platform.machine() if machine is None else machine).lower()
+    return {m: arch for arch, m in MACHINES.items()}.get(machine, machine)
 
 
 def cache_dir() -> Path:

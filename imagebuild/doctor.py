@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import shutil
 import subprocess
 import time
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagebuild import compat, payload
+from imagebuild.common import host_arch
 from imagebuild.engine import Engine
 from imagebuild.errors import ImagebuildError, ToolMissing
 from imagebuild.knowledge.cuda import CudaVersion, parse_driver
@@ -45,7 +45,6 @@ _FIND_PYTHON = ('for p in python3 python; do if command -v "$p" >/dev/null 2>&1;
 
 
 BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
-MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}  # uname -m -> GOARCH
 QEMU_ARCH = {"amd64": "x86_64", "arm64": "aarch64", "arm": "arm", "386": "i386", "ppc64le": "ppc64le",
              "s390x": "s390x", "riscv64": "riscv64"}  # GOARCH -> qemu-user's name, as binfmt-support registers it
 BINFMT_FIX = "apt-get install qemu-user-static binfmt-support"
@@ -148,12 +147,6 @@ def diagnose_image(image: str, engine: Engine, *, python: str | None = None, env
 
 
 # ---- the image's platform against the host's ------------------------------------------------
-
-def host_arch(machine: str | None = None) -> str:
-    """`uname -m` as an image config names the architecture: x86_64 -> amd64, aarch64 -> arm64."""
-    machine = (platform.machine() if machine is None else machine).lower()
-    return MACHINE_ARCH.get(machine, machine)
-
 
 def binfmt_handler(arch: str, binfmt_dir: Path | None = None) -> dict:
     """The qemu binfmt handler that runs `arch` binaries here: its name (None for an arch qemu-user

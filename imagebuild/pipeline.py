@@ -17,13 +17,12 @@ from typing import Callable
 
 from imagebuild import compat
 from imagebuild.bases import ensure_base_image, identify
-from imagebuild.common import cache_dir
+from imagebuild.common import cache_dir, host_arch
 from imagebuild.engine import BuildCache, Engine, ImageInfo
 from imagebuild.engine.contract import split_ref
 from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, RecipeError, SmokeFailed
 from imagebuild.lock import (Lock, PlatformLocks, default_lock_path, ensure_fresh, read_lock, read_locks, resolve_lock,
                              uv_binary_for, write_locks)
-from imagebuild.lock.resolve import host_arch
 from imagebuild.publish.build_cache import push_build_cache
 from imagebuild.publish.by_lock import RegistryTarget, push_by_lock, reuse_by_lock
 from imagebuild.recipe.model import DebianBase, Recipe, load_recipe

@@ -14,7 +14,7 @@ A single-platform recipe goes straight to pipeline.lock / pipeline.build, unchan
 from __future__ import annotations
 
 import dataclasses
-import subprocess
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +22,10 @@ from pathlib import Path
 from imagebuild import compat, pipeline
 from imagebuild.engine import BuildCache, Engine
 from imagebuild.engine.contract import split_ref
-from imagebuild.errors import BuildFailed, ImagebuildError, LockError
+from imagebuild.errors import ImagebuildError, LockError
 from imagebuild.lock import Lock, PlatformLocks, default_lock_path, ensure_fresh, read_locks
 from imagebuild.lock.lockfile import recipe_sha256
-from imagebuild.lock.resolve import host_arch
+from imagebuild.common import host_arch
 from imagebuild.recipe.model import PlatformSpec, Recipe, load_recipe
 
 Progress = pipeline.Progress
@@ -186,19 +186,4 @@ def copy_image(source: Engine, target: Engine, ref: str, progress: Progress) -> 
     """`docker save` on the platform's builder into `docker load` here, streamed."""
     progress(f"copying {ref} from its builder into the local engine")
     with source.save(ref) as stream:
-        load = subprocess.Popen(target.command("load", "--quiet"), stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            while chunk := stream.read(1 << 20):
-                load.stdin.write(chunk)
-        except BrokenPipeError:
-            pass  # docker load stopped: its stderr says why
-        finally:
-            try:
-                load.stdin.close()
-            except BrokenPipeError:
-                pass
-        code = load.wait()
-        said = load.stderr.read().decode("utf-8", "replace").strip()
-    if code != 0:
-        raise BuildFailed(f"copying {ref} from its builder failed: docker load (exit {code}): {said}")
+        target.load(lambda sink: shutil.copyfileobj(stream, sink, 1 << 20), f"{ref} from its builder")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Iterator, Mapping, Sequence
+from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
 
 import docker
 import docker.errors
@@ -19,6 +22,7 @@ from imagebuild.engine.contract import (BuildCache, Engine, ImageInfo, Progress,
                                          split_ref)
 from imagebuild.engine.build_log import BUILD_LOG_LINES, TAIL_SHOWN, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming, widen_pipe
+from imagebuild.common import sha256_file
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
 
 # Debian's docker.io CLI (20.10) runs BuildKit builds itself; newer CLIs need the buildx plugin.
@@ -211,6 +215,26 @@ class DockerEngine(Engine):
         with command_stream(self.command("save", image), f"docker save {image}") as stream:
             yield stream
 
+    def load(self, write: Callable[[BinaryIO], None], what: str) -> str:
+        """`docker load` of the image archive `write` streams into it; what docker said. Raises
+        BuildFailed when it fails (a load that stops reading early is reported, not a broken pipe)."""
+        with tempfile.TemporaryFile() as said:
+            proc = subprocess.Popen(self.command("load", "--quiet"), stdin=subprocess.PIPE,
+                                    stdout=said, stderr=subprocess.STDOUT)
+            try:
+                write(proc.stdin)
+            except BrokenPipeError:
+                pass  # docker load stopped early: what it said tells why
+            finally:
+                with contextlib.suppress(BrokenPipeError):
+                    proc.stdin.close()
+            code = proc.wait()
+            said.seek(0)
+            text = said.read().decode("utf-8", "replace").strip()
+        if code != 0:
+            raise BuildFailed(f"docker load of {what} failed (exit {code}): {text}")
+        return text
+
     def import_rootfs(self, tar: Path, ref: str, *, arch: str = "amd64") -> str:
         """`docker import` for amd64; another arch is loaded as a one-layer image archive written
         here, since Docker 20.10's `import --platform` still records amd64."""
@@ -227,11 +251,6 @@ def load_rootfs(engine: DockerEngine, tar: Path, ref: str, arch: str) -> str:
     """A rootfs tar loaded as a one-layer image of `arch`: a `docker save`-format archive (its
     config names the arch, its one layer is the tar as is, so the diff_id is the tar's sha256)
     streamed into `docker load`."""
-    import hashlib
-    import json
-    import tarfile
-
-    from imagebuild.common import sha256_file
     diff_id = "sha256:" + sha256_file(tar)
     config = {"architecture": arch, "os": "linux", **({"variant": "v8"} if arch == "arm64" else {}),
               "config": {}, "rootfs": {"type": "layers", "diff_ids": [diff_id]},
@@ -239,26 +258,15 @@ def load_rootfs(engine: DockerEngine, tar: Path, ref: str, arch: str) -> str:
     config_bytes = json.dumps(config, sort_keys=True).encode()
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
     manifest = json.dumps([{"Config": config_name, "RepoTags": [ref], "Layers": ["rootfs/layer.tar"]}]).encode()
-    with tempfile.TemporaryFile() as said:
-        proc = subprocess.Popen(engine.command("load", "--quiet"), stdin=subprocess.PIPE,
-                                stdout=said, stderr=subprocess.STDOUT)
-        try:
-            with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT) as archive:
-                for name, data in ((config_name, config_bytes), ("manifest.json", manifest)):
-                    member = tarfile.TarInfo(name)
-                    member.size = len(data)
-                    archive.addfile(member, io.BytesIO(data))
-                archive.add(str(tar), arcname="rootfs/layer.tar", recursive=False)
-        except BrokenPipeError:
-            pass  # docker load stopped early: what it said tells why
-        finally:
-            with contextlib.suppress(BrokenPipeError):
-                proc.stdin.close()
-        code = proc.wait()
-        said.seek(0)
-        text = said.read().decode("utf-8", "replace").strip()
-    if code != 0:
-        raise BuildFailed(f"docker load of the {arch} rootfs {tar} failed (exit {code}): {text}")
+
+    def write(sink: BinaryIO) -> None:
+        with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as archive:
+            for name, data in ((config_name, config_bytes), ("manifest.json", manifest)):
+                member = tarfile.TarInfo(name)
+                member.size = len(data)
+                archive.addfile(member, io.BytesIO(data))
+            archive.add(str(tar), arcname="rootfs/layer.tar", recursive=False)
+    text = engine.load(write, f"the {arch} rootfs {tar}")
     info = engine.inspect(ref)
     if info is None:
         raise BuildFailed(f"docker load of {tar} did not leave {ref}: {text}")

@@ -17,6 +17,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from imagebuild import __version__
 from imagebuild.bases import BaseIdentity
+from imagebuild.common import MACHINES, cache_dir, host_arch
 from imagebuild.errors import LockError, ResolveFailed, ToolMissing
 from imagebuild.lock.lockfile import (Lock, LockedPatch, LockedWheel, payload_sha256, recipe_sha256, sha256_bytes,
                                       template_sha256)
@@ -44,13 +45,6 @@ def uv_binary() -> str:
     return found
 
 
-def host_arch() -> str:
-    """This machine's Debian architecture name (amd64, arm64)."""
-    import platform
-    machine = platform.machine().lower()
-    return {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
-
-
 def uv_binary_for(arch: str, progress=lambda _: None) -> str:
     """A uv that runs on `arch`, for builds of that platform (it runs inside the build, emulated or on
     a native builder): this machine's own uv, or the same uv release's wheel for that CPU from the
@@ -58,12 +52,11 @@ def uv_binary_for(arch: str, progress=lambda _: None) -> str:
     uv = uv_binary()
     if arch == host_arch():
         return uv
-    from imagebuild.common import cache_dir
     release = uv_version(uv).split()[-1]
     target = cache_dir() / "tools" / f"uv-{release}-{arch}" / "uv"
     if target.is_file():
         return str(target)
-    machine = {"amd64": "x86_64", "arm64": "aarch64"}[arch]
+    machine = MACHINES[arch]
     progress(f"fetching uv {release} for {arch} (it runs inside the {arch} build)")
     with tempfile.TemporaryDirectory(prefix="imagebuild-uv-") as tmp:
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
@@ -132,7 +125,7 @@ _LEGACY_MANYLINUX = {"2_5": "manylinux1", "2_12": "manylinux2010", "2_17": "many
 
 def target_tags(python: str, glibc: str, arch: str) -> list[Tag]:
     """Wheel tags the base's interpreter accepts, best first (what pip or uv inside it would pick)."""
-    machine = {"amd64": "x86_64", "arm64": "aarch64"}[arch]
+    machine = MACHINES[arch]
     major, minor = (int(x) for x in glibc.split(".")[:2])
     platforms = []
     for glibc_minor in range(minor, 4, -1) if major == 2 else ():
