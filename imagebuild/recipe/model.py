@@ -2,7 +2,7 @@
 
 Every problem becomes one RecipeError naming the file, the key path, the line, and the fix.
 The types come first, then `load_recipe` / `parse_recipe`, then one checker per table; the tables
-that change installed distributions ([[patches]], [[prune]]) are edits.py's.
+that change installed distributions ([[patches]], [[prune]]) are edits.py's, [aot] is aot.py's.
 docs/recipes.md documents the format.
 """
 
@@ -20,6 +20,7 @@ from packaging.utils import canonicalize_name
 
 from imagebuild.knowledge.facts import load_facts
 from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
+from imagebuild.recipe.aot import AotSpec, parse_aot
 from imagebuild.recipe.edits import Patch, Prune, distribution_name, parse_patches, parse_prune
 from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.reader import Key, RecipeReader, parse_toml, read_source, show, toml_kind
@@ -96,6 +97,7 @@ class Recipe:
     labels: dict[str, str] = field(default_factory=dict)
     smoke: SmokeSpec = SmokeSpec()
     platforms: tuple[PlatformSpec, ...] = ()  # empty: one platform, [base].arch
+    aot: AotSpec | None = None  # the serving shapes whose kernels the image ships prebuilt (aot.py)
 
     @property
     def stem(self) -> str:
@@ -124,7 +126,8 @@ class Recipe:
 
 DEBIAN_ARCHS = ("amd64", "arm64")
 
-_TOP_KEYS = ("image", "base", "python", "cuda", "patches", "prune", "env", "labels", "smoke", "platforms")
+_TOP_KEYS = ("image", "base", "python", "cuda", "patches", "prune", "env", "labels", "smoke", "platforms",
+              "aot")
 _PLATFORM_KEYS = ("cuda_archs", "engine")
 _ENGINE_SCHEMES = ("unix", "tcp", "ssh")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -171,6 +174,8 @@ def parse_recipe(text: str, path: Path) -> Recipe:
     cuda = None if cuda is None else _cuda(read, cuda)
     platforms = _platforms(read, read.table(doc, ("platforms",)), base, cuda, "arch" in base_table)
     absolute = Path(os.path.abspath(path))
+    env = _string_map(read, doc, "env", _ENV_NAME,
+                      "is not an environment variable name", "letters, digits and _, not starting with a digit")
     return Recipe(
         path=absolute,
         name=name,
@@ -181,10 +186,10 @@ def parse_recipe(text: str, path: Path) -> Recipe:
         platforms=platforms,
         patches=parse_patches(read, doc, absolute.parent),
         prune=_platform_prune(parse_prune(read, doc, DEBIAN_ARCHS), base, platforms),
-        env=_string_map(read, doc, "env", _ENV_NAME,
-                        "is not an environment variable name", "letters, digits and _, not starting with a digit"),
+        env=env,
         labels=_labels(read, doc),
         smoke=_smoke(read, read.table(doc, ("smoke",))),
+        aot=parse_aot(read, doc, None if cuda is None else cuda.archs, env, bool(platforms)),
     )
 
 
