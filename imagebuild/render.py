@@ -27,6 +27,9 @@ VENV = "/opt/venv"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PATCHER_SOURCE = payload.PATCHER
 PRUNER_SOURCE = payload.PRUNER
+AOT_SOURCES = (Path(bundle.SOURCE) / "kernels_aot.py", Path(bundle.SOURCE) / "waste.py")  # the build step's script
+AOT_MANIFEST = "/opt/imagebuild/aot-manifest.json"
+SGLANG_JIT_CACHE = "/var/cache/sglang/jit"
 LABEL_PREFIX = "io.imagebuild"
 
 
@@ -71,6 +74,7 @@ class RenderValues:
     patches: tuple
     labels: dict[str, str]
     expect: dict
+    aot: dict | None = None  # the [aot] build step's values; None: no step
 
 
 def site_packages(lock: Lock) -> str:
@@ -163,7 +167,45 @@ def labels(lock: Lock, recipe: Recipe) -> dict[str, str]:
     return dict(sorted((recipe.labels | ours).items()))
 
 
-def expectations(lock: Lock, imports: tuple[str, ...] = ()) -> dict:
+def aot_env(recipe: Recipe) -> dict[str, str]:
+    """What [aot] adds to the image's environment: where SGLang's seeded cache is, and deep_gemm's mode.
+    A recipe [env] value may move the cache; one that contradicts deep_gemm's mode is an error."""
+    aot = recipe.aot
+    if aot is None:
+        return {}
+    env = {}
+    if aot.sglang and "SGLANG_JIT_CACHE_DIR" not in recipe.env:
+        env["SGLANG_JIT_CACHE_DIR"] = SGLANG_JIT_CACHE
+    if aot.deep_gemm == "disabled":
+        given = recipe.env.get("SGLANG_ENABLE_JIT_DEEPGEMM")
+        if given not in (None, "0", "false", "False"):
+            raise RecipeError(recipe.path, f"[env] SGLANG_ENABLE_JIT_DEEPGEMM = {given!r} turns on what "
+                              'aot.deep_gemm = "disabled" turns off', key="env.SGLANG_ENABLE_JIT_DEEPGEMM",
+                              hint='remove the [env] entry, or set aot.deep_gemm = "jit"')
+        env["SGLANG_ENABLE_JIT_DEEPGEMM"] = "0"
+    return env
+
+
+def aot_values(lock: Lock, recipe: Recipe) -> dict | None:
+    """The [aot] step: which FlashInfer and SGLang the lock installs must be there to ask."""
+    aot = recipe.aot
+    if aot is None:
+        return None
+    needed = ["flashinfer-python"] + (["sglang"] if aot.sglang else [])
+    for name in needed:
+        if name not in lock.packages:
+            raise RecipeError(recipe.path, f"[aot] prebuilds kernels with {name}, which the lock does not install",
+                              key="aot" if name == "flashinfer-python" else "aot.sglang",
+                              hint=f"require {name} in [python] requirements" + (
+                                  ", or set aot.sglang = false" if name == "sglang" else ""))
+    if cuda_home(lock) is None:
+        raise RecipeError(recipe.path, "[aot] compiles kernels, but the lock installs no nvcc (CUDA 13 pip wheels)",
+                          key="aot", hint='add "cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]" to [python] requirements')
+    return {"arch_list": aot.arch_list, "manifest": AOT_MANIFEST, "spec": aot.to_json(),
+            "shapes": ", ".join(shape.name for shape in aot.shapes)}
+
+
+def expectations(lock: Lock, imports: tuple[str, ...] = (), aot: dict | None = None) -> dict:
     """What the in-image probe checks the image against (imagebuild/payload/probe/expect.py reads this file)."""
     home = cuda_home(lock)
     cuda = dict(lock.cuda, home=home) if lock.cuda and home else None
@@ -175,7 +217,8 @@ def expectations(lock: Lock, imports: tuple[str, ...] = ()) -> dict:
             "imports": list(imports),
             "torch_cuda": lock.cuda.get("toolkit") if has_torch and lock.cuda else None,
             "flashinfer_dynamo": has_torch and "flashinfer-python" in lock.packages,
-            "patches": [{"package": p.package, "sha256": p.sha256} for p in lock.patches]}
+            "patches": [{"package": p.package, "sha256": p.sha256} for p in lock.patches],
+            "aot": dict(aot["spec"], manifest=aot["manifest"]) if aot else None}
 
 
 def render_values(lock: Lock, recipe: Recipe) -> RenderValues:
@@ -183,12 +226,14 @@ def render_values(lock: Lock, recipe: Recipe) -> RenderValues:
         if "\n" in value or "\r" in value:
             raise RecipeError(recipe.path, "an env value cannot span lines in a Dockerfile",
                               key=f"env.{name}", hint="put it on one line")
+    aot = aot_values(lock, recipe)
     return RenderValues(
         tool_version=__version__, recipe=lock.recipe, base_ref=lock.base.image_ref,
         python_path=lock.base.python_path, venv=VENV, site_packages=site_packages(lock),
-        env_base=base_env(lock), env_recipe=dict(recipe.env), layers=layer_values(lock, prune_specs(lock, recipe)),
+        env_base=base_env(lock), env_recipe=dict(recipe.env) | aot_env(recipe),
+        layers=layer_values(lock, prune_specs(lock, recipe)),
         patches=lock.patches, labels=labels(lock, recipe),
-        expect=expectations(lock, recipe.smoke.imports))
+        expect=expectations(lock, recipe.smoke.imports, aot), aot=aot)
 
 
 def docker_quote(value: str) -> str:
@@ -251,6 +296,12 @@ def render_context(lock: Lock, recipe: Recipe, out_dir: Path, *, uv_path: str | 
             # A fresh lock lists the recipe's patches in the recipe's order.
             for source, patch in zip(recipe.patches, lock.patches, strict=True):
                 shutil.copyfile(source.path, staging / "patches" / patch.file)
+        if values.aot:
+            # Bind-mounted into the [aot] step, never copied into a layer.
+            (staging / "aot").mkdir()
+            (staging / "aot" / "aot.json").write_text(json.dumps(values.aot["spec"], indent=2, sort_keys=True) + "\n")
+            for source in AOT_SOURCES:
+                shutil.copyfile(source, staging / "aot" / source.name)
         if uv_path:
             (staging / "tools").mkdir()
             _link_or_copy(Path(uv_path), staging / "tools" / "uv")

@@ -23,6 +23,7 @@ from .report import FAIL, make_check, make_report
 from .system import installed_distributions, parallelism
 from .stack import check_flashinfer_dynamo, check_gpu, check_imports, check_torch_cuda, gpu_visible
 from .waste import find_waste
+from .zero_jit import check_aot
 from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter, check_packages
 
 
@@ -55,6 +56,8 @@ def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = Fal
 
     with ThreadPoolExecutor(max_workers=len(checks) if jobs > 1 else 1) as pool:
         results = list(pool.map(guarded, checks))  # the report keeps the checks' order
+    # Last and alone: it hides nvcc, which the deep_gemm compile above needs.
+    results.append(guarded(("zero-jit", lambda: check_aot(expect))))
     return dict(make_report(results), jobs=jobs)
 
 

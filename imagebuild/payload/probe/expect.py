@@ -10,7 +10,7 @@ import json
 from .system import canonical_name, major_minor
 
 NO_EXPECTATIONS = {"python": {}, "packages": {}, "cuda": None, "deep_gemm": {"compile": False},
-                   "imports": [], "torch_cuda": None, "flashinfer_dynamo": False}
+                   "imports": [], "torch_cuda": None, "flashinfer_dynamo": False, "aot": None}
 
 
 def validate_expect(raw) -> tuple:
@@ -44,6 +44,14 @@ def validate_expect(raw) -> tuple:
         errors.append('"torch_cuda" must be null or a CUDA version like "13.0"')
     if not isinstance(raw.get("flashinfer_dynamo", False), bool):
         errors.append('"flashinfer_dynamo" must be true or false')
+    aot = raw.get("aot")
+    if aot is not None and not (
+        isinstance(aot, dict) and isinstance(aot.get("manifest"), str) and isinstance(aot.get("sglang"), bool)
+        and isinstance(aot.get("archs"), list) and aot["archs"] and all(isinstance(a, str) for a in aot["archs"])
+        and isinstance(aot.get("shapes"), list) and aot["shapes"]
+        and all(isinstance(shape, dict) for shape in aot["shapes"])
+    ):
+        errors.append('"aot" must be null or {"manifest": "<path>", "archs": [...], "sglang": bool, "shapes": [...]}')
     if errors:
         return None, errors
     return {
@@ -54,6 +62,7 @@ def validate_expect(raw) -> tuple:
         "imports": imports,
         "torch_cuda": torch_cuda,
         "flashinfer_dynamo": raw.get("flashinfer_dynamo", False),
+        "aot": aot,
     }, []
 
 

@@ -1,0 +1,419 @@
+"""Zero-JIT kernels: build them into the image for [aot]'s serving shapes, and prove they are found.
+
+Runs on the image's own interpreter. Which kernel modules a shape needs is asked of the installed
+FlashInfer and SGLang by calling their own loaders (FlashInfer's `get_*_module`, SGLang's kernel
+builders) with the shape's arguments: no module name is written here, so a new release that renames
+or re-keys a module is followed, and one that drops a loader fails loudly.
+
+    python kernels_aot.py build AOT_JSON MANIFEST   compile into FlashInfer's AOT folder and SGLang's JIT cache
+    python kernels_aot.py plan AOT_JSON              the module names the installed FlashInfer would load (no compile)
+    python kernels_aot.py prove AOT_JSON MANIFEST    (the smoke check's child) load everything with JIT off
+    python kernels_aot.py sglang-seed AOT_JSON ARCH  (internal) seed SGLang's cache for one target, one per process
+
+The smoke check (`check_aot`) loads them again with JIT disabled and nvcc hidden. Standard library
+only at import time; torch, flashinfer and sglang are imported where they are used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    from .waste import elf_sections, fatbin_code
+except ImportError:  # run as a script from a folder holding waste.py too (the [aot] build step)
+    from waste import elf_sections, fatbin_code
+
+MANIFEST_VERSION = 1
+TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+class AotError(RuntimeError):
+    """The installed packages cannot do what the shapes ask: a loader is missing or refuses."""
+
+
+# --- what a shape needs, asked of the installed packages -------------------------------------------
+
+def _dtype(name: str):
+    import torch
+    return getattr(torch, TORCH_DTYPES[name])
+
+
+def _positional(function, values: dict, skip: int = 0) -> list:
+    """Arguments for `function` in its own order, from named values; a parameter we have no value for
+    takes its default, and one without a default stops the build (a release changed the loader)."""
+    args = []
+    for parameter in list(inspect.signature(function).parameters.values())[skip:]:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if parameter.name in values:
+            args.append(values[parameter.name])
+        elif parameter.default is not parameter.empty:
+            args.append(parameter.default)
+        else:
+            raise AotError(f"{function.__module__}.{function.__qualname__} takes {parameter.name!r}, "
+                           "which no [aot] shape field gives: this FlashInfer release is not supported yet")
+    return args
+
+
+def _attention_values(shape: dict, kv_dtype: str) -> dict:
+    import torch
+    return {"dtype_q": _dtype(shape["dtype"]), "dtype_kv": _dtype(kv_dtype), "dtype_o": _dtype(shape["dtype"]),
+            "dtype_idx": torch.int32, "head_dim_qk": shape["head_dim"], "head_dim_vo": shape["head_dim"],
+            "head_dim": shape["head_dim"], "pos_encoding_mode": 0,  # SGLang applies RoPE itself
+            "use_sliding_window": shape["sliding_window"], "use_logits_soft_cap": shape["logits_soft_cap"],
+            "use_fp16_qk_reduction": False}
+
+
+def _tensor_core_decode(shape: dict, q_heads: int, kv_heads: int) -> bool:
+    """SGLang's own rule when SGLang is installed (flashinfer_backend.should_use_tensor_core); without it, that
+    rule as SGLang 0.5.23 writes it (flashinfer_backend.py:2706-2714): an FP8 cache, or 4+ query heads per KV head."""
+    try:
+        from sglang.srt.layers.attention.flashinfer_backend import should_use_tensor_core
+    except ImportError:
+        return shape["kv_dtype"].startswith("fp8") or q_heads // kv_heads >= 4
+    return bool(should_use_tensor_core(_dtype(shape["kv_dtype"]), q_heads, kv_heads))
+
+
+def flashinfer_loads(shape: dict) -> list:
+    """(what, loader, args) for every FlashInfer module the shape makes SGLang's FlashInfer backend load."""
+    from flashinfer import cascade, decode, prefill, sampling
+    from flashinfer.jit.attention import modules
+
+    prefill_args = lambda kv: ["fa2"] + _positional(modules.get_batch_prefill_uri,  # noqa: E731
+                                                    _attention_values(shape, kv), skip=1)
+    loads = [("prefill ragged", prefill.get_batch_prefill_module, prefill_args(shape["dtype"])),
+             ("prefill paged", prefill.get_batch_prefill_module, prefill_args(shape["kv_dtype"]))]
+    for tp in shape["tp"]:
+        q_heads, kv_heads = shape["q_heads"] // tp, max(1, shape["kv_heads"] // tp)
+        if _tensor_core_decode(shape, q_heads, kv_heads):
+            loads.append((f"decode tp{tp} (tensor cores)", prefill.get_batch_prefill_module,
+                          prefill_args(shape["kv_dtype"])))
+        else:
+            loads.append((f"decode tp{tp}", decode.get_batch_decode_module,
+                          _positional(modules.get_batch_decode_uri, _attention_values(shape, shape["kv_dtype"]))))
+    if shape["prefix_cache"]:
+        loads.append(("cascade", cascade.get_cascade_module, []))
+    if shape["sampling"]:
+        loads.append(("sampling", sampling.get_sampling_module, []))
+    return loads
+
+
+class _Recorder:
+    """Wraps FlashInfer's JitSpec.build_and_load to see which specs its loaders ask for."""
+
+    def __init__(self, dry: bool):
+        from flashinfer.jit import core
+        self.core, self.dry, self.specs, self.seconds = core, dry, [], {}
+        self.original = core.JitSpec.build_and_load
+
+    def __enter__(self):
+        recorder = self
+
+        def build_and_load(spec, *args, **kwargs):
+            recorder.specs.append(spec)
+            if recorder.dry:
+                return _Inert()
+            started = time.monotonic()
+            try:
+                return recorder.original(spec, *args, **kwargs)
+            finally:
+                recorder.seconds[spec.name] = round(time.monotonic() - started, 1)
+
+        self.core.JitSpec.build_and_load = build_and_load
+        return self
+
+    def __exit__(self, *exc):
+        self.core.JitSpec.build_and_load = self.original
+
+
+class _Inert:
+    """Stands in for a loaded module when only the names are wanted: every attribute is a no-op."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def _clear_caches(loads) -> None:
+    for _, loader, _ in loads:
+        if hasattr(loader, "cache_clear"):
+            loader.cache_clear()
+
+
+def flashinfer_modules(shapes: list, dry: bool) -> dict:
+    """Module name -> {"shapes": [...], "loads": [...], "spec": JitSpec}: what the loaders asked for."""
+    found: dict = {}
+    for shape in shapes:
+        loads = flashinfer_loads(shape)
+        for what, loader, args in loads:
+            _clear_caches([(what, loader, args)])  # a cached loader would not ask again
+            with _Recorder(dry) as recorder:
+                loader(*args)
+            for spec in recorder.specs:
+                entry = found.setdefault(spec.name, {"shapes": [], "loads": [], "spec": spec, "seconds": 0.0})
+                entry["seconds"] += recorder.seconds.get(spec.name, 0.0)  # the first load compiles, the rest find it
+                if shape["name"] not in entry["shapes"]:
+                    entry["shapes"].append(shape["name"])
+                entry["loads"].append(f"{shape['name']}: {what}")
+        _clear_caches(loads)
+    return found
+
+
+# --- SGLang's own JIT kernels ----------------------------------------------------------------------
+
+def sglang_builders(shape: dict) -> list:
+    """(what, builder, args) for SGLang's JIT kernels a forward of this shape reaches."""
+    from sglang.kernels.ops.activation import activation
+    from sglang.kernels.ops.attention import rope
+    from sglang.kernels.ops.kvcache import kvcache
+    from sglang.kernels.ops.layernorm import norm
+
+    dtype = _dtype(shape["dtype"])
+    builders = [("activation", activation.activation_module, (dtype,))]
+    if shape["rope"] != "none":
+        builders.append(("rope", rope._jit_fused_rope_module, (shape["rope"] == "neox", shape["head_dim"], dtype, dtype)))
+    if shape["qk_norm"]:
+        builders.append(("qk-norm", norm._jit_qknorm_module, (shape["head_dim"], dtype)))
+    if shape.get("hidden_size") and norm._is_supported_rmsnorm_hidden_size(shape["hidden_size"]):
+        builders.append(("rmsnorm", norm._jit_rmsnorm_module, (shape["hidden_size"], dtype)))
+    for tp in shape["tp"]:
+        row = max(1, shape["kv_heads"] // tp) * shape["head_dim"] * ELEMENT_BYTES[shape["kv_dtype"]]
+        builders.append((f"kv-store tp{tp}", kvcache._jit_kvcache_module, (row, row, 0)))
+    return builders
+
+
+def _arch_parts(arch: str) -> tuple:
+    major, _, rest = arch.partition(".")
+    minor = "".join(c for c in rest if c.isdigit())
+    suffix = rest[len(minor):] or None
+    return int(major), int(minor), suffix
+
+
+def run_sglang_builders(shapes: list, arch: str) -> list:
+    """Call every builder under SGLang's arch override; returns [(shape, what, error or None)]."""
+    from sglang.kernels.jit.utils.arch import override_jit_cuda_arch
+    results = []
+    with override_jit_cuda_arch(*_arch_parts(arch)):
+        for shape in shapes:
+            for what, builder, args in sglang_builders(shape):
+                try:
+                    builder(*args)
+                    results.append((shape["name"], what, None))
+                except Exception as error:  # a miss under SGLANG_CRASH_ON_JIT_COMPILE, or a compile failure
+                    results.append((shape["name"], what, f"{type(error).__name__}: {error}"[:2000]))
+    return results
+
+
+def sglang_cache_dir() -> str:
+    return os.path.expanduser(os.environ.get("SGLANG_JIT_CACHE_DIR") or "~/.cache/sglang/jit")
+
+
+# --- artifacts -------------------------------------------------------------------------------------
+
+def describe(path: str) -> dict:
+    """sha256, size and the GPU code (SASS and PTX archs, as 120 for sm_120) of one built module."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    fatbin = elf_sections(path).get(".nv_fatbin")
+    sass, ptx = fatbin_code(path, *fatbin) if fatbin else (set(), set())
+    return {"sha256": digest.hexdigest(), "bytes": os.path.getsize(path), "sass": sorted(sass), "ptx": sorted(ptx)}
+
+
+def ensure_link_stub(cuda_home: str) -> str | None:
+    """FlashInfer links its modules with `-L$CUDA_HOME/lib64/stubs -lcuda`; the pip CUDA wheels ship no
+    libcuda.so and a build machine has no driver. An empty library with the driver's soname satisfies the
+    link (the modules resolve cu* symbols from the host's libcuda.so.1 at load, as NVIDIA's stub does);
+    stubs/ is never on the loader's path."""
+    stubs = os.path.join(cuda_home, "lib64", "stubs")
+    target = os.path.join(stubs, "libcuda.so")
+    if os.path.exists(target):
+        return None
+    os.makedirs(stubs, exist_ok=True)
+    subprocess.run(["c++", "-shared", "-x", "c", "-", "-Wl,-soname,libcuda.so.1", "-o", target],
+                   input=b"", check=True)
+    return target
+
+
+def tool_version(command: list) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _versions() -> dict:
+    from importlib import metadata
+    found = {}
+    for name in ("flashinfer-python", "sglang", "torch", "apache-tvm-ffi"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def build(spec: dict, manifest_path: str) -> dict:
+    """Compile every module the shapes need, install it where the runtime looks, write the manifest."""
+    from flashinfer.jit import env as flashinfer_env
+
+    cuda_home = os.environ["CUDA_HOME"]
+    stub = ensure_link_stub(cuda_home)
+    artifacts = []
+    modules = flashinfer_modules(spec["shapes"], dry=False)
+    aot_dir = str(flashinfer_env.FLASHINFER_AOT_DIR)
+    for name, entry in sorted(modules.items()):
+        source = str(entry["spec"].jit_library_path)
+        target = os.path.join(aot_dir, name, f"{name}.so")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(source, target + ".tmp")
+        os.replace(target + ".tmp", target)
+        artifacts.append(dict(kind="flashinfer", name=name, path=target, shapes=entry["shapes"],
+                              loads=entry["loads"], seconds=round(entry["seconds"], 1), **describe(target)))
+    sglang_seconds = None
+    if spec["sglang"]:
+        started = time.monotonic()
+        cache = sglang_cache_dir()
+        before = set(_shared_objects(cache))
+        for arch in spec["archs"]:  # SGLang caches its target once per process
+            result = subprocess.run([sys.executable, "-B", os.path.abspath(__file__), "sglang-seed",
+                                     json.dumps(spec), arch], capture_output=True, text=True)
+            if result.returncode != 0:
+                raise AotError(f"seeding SGLang's JIT cache for {arch} failed:\n{result.stderr[-4000:]}")
+            answer = [line for line in result.stdout.splitlines() if line.startswith("[")][-1:]
+            if not answer:
+                raise AotError(f"seeding SGLang's JIT cache for {arch} printed no result:\n{result.stderr[-4000:]}")
+            failed = [r for r in json.loads(answer[0]) if r[2]]
+            if failed:
+                raise AotError("SGLang kernels did not build: " + "; ".join(f"{s} {w}: {e}" for s, w, e in failed))
+        for path in sorted(set(_shared_objects(cache)) - before):
+            relative = os.path.relpath(path, cache)
+            artifacts.append(dict(kind="sglang", name=relative.split(os.sep)[1], path=path,
+                                  target=relative.split(os.sep)[0], **describe(path)))
+        sglang_seconds = round(time.monotonic() - started, 1)
+    manifest = {"manifest_version": MANIFEST_VERSION, "archs": spec["archs"], "shapes": spec["shapes"],
+                "deep_gemm": spec["deep_gemm"], "versions": _versions(),
+                "nvcc_version": tool_version([os.path.join(cuda_home, "bin", "nvcc"), "--version"]),
+                "link_stub": stub, "flashinfer_aot_dir": aot_dir, "sglang_seconds": sglang_seconds,
+                "sglang_jit_cache_dir": sglang_cache_dir() if spec["sglang"] else None,
+                "artifacts": artifacts}
+    _write_json(manifest_path, manifest)
+    return manifest
+
+
+def _shared_objects(folder: str) -> list:
+    found = []
+    for root, _, files in os.walk(folder):
+        found.extend(os.path.join(root, name) for name in files if name.endswith(".so"))
+    return found
+
+
+def _write_json(path: str, value) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    with os.fdopen(handle, "w") as out:
+        json.dump(value, out, indent=2, sort_keys=True)
+        out.write("\n")
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, path)
+
+
+def plan(spec: dict) -> dict:
+    """The FlashInfer module names the shapes need, asked of the installed FlashInfer without compiling."""
+    modules = flashinfer_modules(spec["shapes"], dry=True)
+    return {name: {"shapes": entry["shapes"], "loads": entry["loads"]} for name, entry in sorted(modules.items())}
+
+
+def undeclared_shape(shapes: list) -> dict:
+    """The negative control: the first shape with a head dim no shape declares, nothing else."""
+    taken = {shape["head_dim"] for shape in shapes}
+    head_dim = next(d for d in (64, 256, 96, 192, 128) if d not in taken)
+    return dict(shapes[0], name="undeclared", head_dim=head_dim, tp=[shapes[0]["tp"][0]], rope="none",
+                qk_norm=False, hidden_size=None, prefix_cache=False, sampling=False)
+
+
+def prove(spec: dict, manifest: dict) -> dict:
+    """Load every declared shape's modules the way the runtime does, with JIT off (FLASHINFER_DISABLE_JIT,
+    SGLANG_CRASH_ON_JIT_COMPILE set by the caller): each must come from the manifest's artifacts, and an
+    undeclared shape must miss."""
+    built = {a["name"]: a for a in manifest["artifacts"] if a["kind"] == "flashinfer"}
+    loaded, misses = [], []
+    for shape in spec["shapes"]:
+        for what, loader, args in flashinfer_loads(shape):
+            _clear_caches([(what, loader, args)])
+            with _Recorder(dry=False) as recorder:
+                try:
+                    loader(*args)
+                    error = None
+                except Exception as caught:
+                    error = f"{type(caught).__name__}: {caught}"[:600]
+            for one in recorder.specs:
+                path = str(one.get_library_path()) if one.is_aot else None
+                entry = {"shape": shape["name"], "load": what, "module": one.name, "aot": one.is_aot,
+                         "path": path, "in_manifest": path is not None and built.get(one.name, {}).get("path") == path}
+                (loaded if error is None and entry["in_manifest"] else misses).append(dict(entry, error=error))
+            if error and not recorder.specs:
+                misses.append({"shape": shape["name"], "load": what, "module": None, "error": error})
+    control = undeclared_shape(spec["shapes"])
+    loads = flashinfer_loads(control)
+    what, loader, args = loads[0]
+    _clear_caches(loads)
+    with _Recorder(dry=False) as recorder:
+        try:
+            loader(*args)
+            control_result = {"missed": False, "error": None}
+        except Exception as caught:
+            control_result = {"missed": type(caught).__name__ == "MissingJITCacheError",
+                              "error": f"{type(caught).__name__}: {str(caught)[:300]}"}
+    control_result.update(shape=control, module=recorder.specs[0].name if recorder.specs else None)
+    result = {"flashinfer": {"loaded": loaded, "misses": misses, "undeclared": control_result}}
+    if spec["sglang"]:
+        arch = spec["archs"][0]
+        outcomes = run_sglang_builders(spec["shapes"], arch)
+        control_outcome = run_sglang_builders([dict(control, rope="neox")], arch)
+        result["sglang"] = {
+            "arch": arch, "hits": [o for o in outcomes if o[2] is None],
+            "misses": [o for o in outcomes if o[2] is not None],
+            # RoPE's key holds the head dim, which no declared shape has; the control's KV-store row bytes may
+            # equal a declared shape's (64 x 2 bytes = 128 x 1 byte), so it is no control.
+            "undeclared": [o for o in control_outcome if o[1] == "rope"]}
+    return result
+
+
+def main(argv: list) -> int:
+    if len(argv) >= 2 and argv[0] == "plan":
+        print(json.dumps(plan(_read(argv[1])), indent=2, sort_keys=True))
+        return 0
+    if len(argv) == 3 and argv[0] == "build":
+        manifest = build(_read(argv[1]), argv[2])
+        for artifact in manifest["artifacts"]:
+            print(f"{artifact['kind']:10} {artifact['bytes']:>10} sass={artifact['sass']} {artifact['name']}")
+        return 0
+    if len(argv) == 3 and argv[0] == "prove":
+        print(json.dumps(prove(_read(argv[1]), _read(argv[2]))))
+        return 0
+    if len(argv) == 3 and argv[0] == "sglang-seed":
+        print(json.dumps(run_sglang_builders(json.loads(argv[1])["shapes"], argv[2])))
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+def _read(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main(sys.argv[1:]))

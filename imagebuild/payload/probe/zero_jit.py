@@ -1,0 +1,175 @@
+"""The zero-JIT check: the kernels [aot] prebuilt are in the image, hold SASS for the recipe's GPUs,
+and are what the runtime loads with JIT impossible.
+
+It runs after every other check (it hides nvcc, which the deep_gemm compile needs):
+- each manifest artifact is where the manifest says, with its sha256, and its fat binary holds SASS for
+  every [aot] arch (read from the ELF's .nv_fatbin, as `probe --waste` does);
+- in a child process with FLASHINFER_DISABLE_JIT=1, SGLANG_CRASH_ON_JIT_COMPILE=1, an empty FlashInfer
+  workspace and nvcc replaced by a stand-in that only answers `--version` (SGLang's cache key hashes
+  that text), FlashInfer's own loaders find every declared shape's modules in its AOT folder and
+  SGLang's kernel builders return from its cache;
+- a shape no one declared misses (the negative control), and nothing asked nvcc to compile.
+nvcc is moved aside only inside the smoke test's throwaway container, and put back afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from .kernels_aot import describe
+from .report import FAIL, PASS, SKIP, make_check
+
+PROVE_TIMEOUT_S = 900
+_PACKAGE = __name__.rpartition(".")[0]  # imagebuild_probe in the zipapp, imagebuild.payload.probe in the tree
+_NVCC_STANDIN = """#!/bin/sh
+# imagebuild's zero-JIT proof: nvcc may say its version (SGLang's cache key hashes it), never compile.
+if [ "$#" -eq 1 ] && [ "$1" = "--version" ]; then exec cat "{version}"; fi
+printf '%s\\n' "$*" >> "{log}"
+echo "nvcc is hidden by imagebuild's zero-JIT proof: a kernel was about to be compiled" >&2
+exit 1
+"""
+
+
+def _package_root() -> str:
+    """The folder to put on sys.path so that this package imports by its own name (zip or source tree)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for _ in _PACKAGE.split("."):
+        here = os.path.dirname(here)
+    return here
+
+
+def arch_number(arch: str) -> int:
+    """`12.0f` -> 120, the number a fat binary's entry carries."""
+    major, _, rest = arch.partition(".")
+    return int(major) * 10 + int("".join(c for c in rest if c.isdigit()) or 0)
+
+
+def check_artifacts(manifest: dict, archs: list) -> list:
+    """Problems with the built files themselves: missing, changed, or without SASS for an arch."""
+    problems = []
+    wanted = {arch_number(arch) for arch in archs}
+    for artifact in manifest.get("artifacts", []):
+        path = artifact.get("path", "")
+        if not os.path.isfile(path):
+            problems.append(f"{artifact.get('name')}: {path} is missing")
+            continue
+        found = describe(path)
+        if found["sha256"] != artifact.get("sha256"):
+            problems.append(f"{artifact.get('name')}: sha256 {found['sha256']} differs from the manifest's")
+        lacking = sorted(wanted - set(found["sass"]))
+        if lacking:
+            problems.append(f"{artifact.get('name')}: no SASS for {', '.join(f'sm_{a}' for a in lacking)} "
+                            f"(it holds {', '.join(f'sm_{a}' for a in found['sass']) or 'none'})")
+    return problems
+
+
+class HiddenNvcc:
+    """Swap $CUDA_HOME/bin/nvcc for the version-only stand-in for the duration of a `with` block."""
+
+    def __init__(self, cuda_home: str, version_text: str, scratch: str):
+        self.nvcc = os.path.join(cuda_home, "bin", "nvcc")
+        self.aside = self.nvcc + ".imagebuild-hidden"
+        self.log = os.path.join(scratch, "nvcc-calls.log")
+        self.version = os.path.join(scratch, "nvcc-version.txt")
+        with open(self.version, "w") as handle:
+            handle.write(version_text)
+
+    def __enter__(self):
+        os.replace(self.nvcc, self.aside)
+        with open(self.nvcc, "w") as handle:
+            handle.write(_NVCC_STANDIN.format(version=self.version, log=self.log))
+        os.chmod(self.nvcc, 0o755)
+        return self
+
+    def __exit__(self, *exc):
+        os.replace(self.aside, self.nvcc)
+
+    def calls(self) -> list:
+        try:
+            with open(self.log) as handle:
+                return handle.read().splitlines()
+        except OSError:
+            return []
+
+
+def check_aot(expect: dict) -> dict:
+    spec = expect.get("aot")
+    if not spec:
+        return make_check("zero-jit", SKIP, "the recipe has no [aot] table: kernels compile on first use")
+    path = spec.get("manifest", "")
+    try:
+        with open(path) as handle:
+            manifest = json.load(handle)
+    except (OSError, ValueError) as error:
+        return make_check("zero-jit", FAIL, f"the kernel manifest {path} is unreadable: {error}", path=path)
+    problems = check_artifacts(manifest, spec["archs"])
+    cuda_home = (expect.get("cuda") or {}).get("home") or os.environ.get("CUDA_HOME", "")
+    if not os.path.isfile(os.path.join(cuda_home, "bin", "nvcc")) or not os.access(os.path.join(cuda_home, "bin"), os.W_OK):
+        return make_check("zero-jit", FAIL, f"cannot hide {cuda_home}/bin/nvcc for the proof (missing or read-only)",
+                          problems=problems)
+    with tempfile.TemporaryDirectory(prefix="imagebuild-zero-jit-") as scratch:
+        spec_path = os.path.join(scratch, "aot.json")
+        with open(spec_path, "w") as handle:
+            json.dump(spec, handle)
+        env = dict(os.environ, FLASHINFER_DISABLE_JIT="1", SGLANG_CRASH_ON_JIT_COMPILE="1",
+                   FLASHINFER_WORKSPACE_BASE=os.path.join(scratch, "workspace"),
+                   PYTHONPATH=_package_root(), PYTHONDONTWRITEBYTECODE="1")
+        code = (f"import sys; from {_PACKAGE}.kernels_aot import main; "
+                "sys.exit(main(sys.argv[1:]))")
+        with HiddenNvcc(cuda_home, manifest.get("nvcc_version", ""), scratch) as hidden:
+            status, output, errors = _run([sys.executable, "-c", code, "prove", spec_path, path], env)
+            nvcc_calls = hidden.calls()
+    return _verdict(status, output, problems, nvcc_calls, manifest, errors)
+
+
+def _run(argv: list, env: dict) -> tuple:
+    """(exit status, stdout, stderr); status None when it could not run."""
+    try:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                              timeout=PROVE_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError, ValueError) as error:
+        return None, "", str(error)
+    return done.returncode, done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
+
+
+def _verdict(status, output: str, problems: list, nvcc_calls: list, manifest: dict, errors: str = "") -> dict:
+    proof = None
+    for line in reversed((output or "").splitlines()):
+        if line.startswith("{"):
+            try:
+                proof = json.loads(line)
+            except ValueError:
+                pass
+            break
+    evidence = {"artifacts": len(manifest.get("artifacts", [])), "problems": problems, "nvcc_calls": nvcc_calls}
+    if proof is None:
+        return make_check("zero-jit", FAIL, f"the load proof printed no result (exit {status}): "
+                          f"{((output or '') + (errors or ''))[-1500:]}", **evidence)
+    flashinfer = proof["flashinfer"]
+    sglang = proof.get("sglang")
+    evidence.update(proof=proof)
+    if flashinfer["misses"]:
+        problems.append("FlashInfer missed: " + "; ".join(
+            f"{m['shape']} {m['load']} {m.get('module')}: {m.get('error') or 'not from the manifest'}"
+            for m in flashinfer["misses"]))
+    if not flashinfer["undeclared"]["missed"]:
+        problems.append("the undeclared shape did not miss: the proof cannot tell a hit from a compile "
+                        f"({flashinfer['undeclared']['error']})")
+    if sglang:
+        if sglang["misses"]:
+            problems.append("SGLang missed: " + "; ".join(f"{s} {w}: {e[:200]}" for s, w, e in sglang["misses"]))
+        if not sglang["undeclared"] or any(error is None for _, _, error in sglang["undeclared"]):
+            problems.append("an undeclared SGLang kernel returned without a compile: the cache check is not armed")
+    if nvcc_calls:
+        problems.append(f"nvcc was asked to compile {len(nvcc_calls)} time(s)")
+    if problems:
+        return make_check("zero-jit", FAIL, " | ".join(problems), **evidence)
+    modules = len({entry["module"] for entry in flashinfer["loaded"]})
+    detail = (f"{modules} FlashInfer modules loaded from its AOT folder with JIT disabled and nvcc hidden"
+              + (f", {len(sglang['hits'])} SGLang kernels from its cache" if sglang else "")
+              + f"; an undeclared shape missed ({flashinfer['undeclared']['module']})")
+    return make_check("zero-jit", PASS, detail, **evidence)

@@ -1,0 +1,122 @@
+"""The zero-JIT check's pure parts, on this host: arguments for a loader taken from its own signature, the
+negative-control shape, the artifact checks and the verdict. The load proof itself needs the image's
+FlashInfer and SGLang: tests/test_flagship.py, test_gallery.py and test_zero_jit_releases.py run it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+from imagebuild.payload.probe import kernels_aot, zero_jit
+
+SHAPE = {"name": "a", "head_dim": 128, "q_heads": 32, "kv_heads": 8, "tp": [1, 2], "dtype": "bfloat16",
+         "kv_dtype": "bfloat16", "sliding_window": False, "logits_soft_cap": False, "rope": "neox",
+         "qk_norm": True, "hidden_size": 4096, "prefix_cache": True, "sampling": True}
+
+
+def loader_072(backend, dtype_q, dtype_kv, dtype_o, dtype_idx, head_dim_qk, head_dim_vo, pos_encoding_mode,
+               use_sliding_window, use_logits_soft_cap, use_fp16_qk_reduction):
+    """get_batch_prefill_uri's parameters in FlashInfer 0.7.2."""
+
+
+def loader_074(backend, dtype_q, dtype_kv, dtype_o, dtype_idx, head_dim_qk, head_dim_vo, pos_encoding_mode,
+               use_sliding_window, use_logits_soft_cap, use_fp16_qk_reduction, use_token_head_sf=False):
+    """0.7.4 added use_token_head_sf with a default: the default is taken."""
+
+
+def loader_new(backend, dtype_q, head_dim_qk, page_layout):
+    """A release whose loader wants a value no shape field gives."""
+
+
+VALUES = {"dtype_q": "q", "dtype_kv": "kv", "dtype_o": "o", "dtype_idx": "i", "head_dim_qk": 128,
+          "head_dim_vo": 128, "pos_encoding_mode": 0, "use_sliding_window": False, "use_logits_soft_cap": False,
+          "use_fp16_qk_reduction": False}
+
+
+def test_loader_arguments_follow_each_releases_signature():
+    assert kernels_aot._positional(loader_072, VALUES, skip=1) == ["q", "kv", "o", "i", 128, 128, 0, False, False, False]
+    assert kernels_aot._positional(loader_074, VALUES, skip=1)[-1] is False
+    with pytest.raises(kernels_aot.AotError, match="page_layout"):
+        kernels_aot._positional(loader_new, VALUES, skip=1)
+
+
+def test_the_undeclared_shape_differs_from_every_declared_head_dim():
+    shapes = [SHAPE, dict(SHAPE, name="b", head_dim=64)]
+    control = kernels_aot.undeclared_shape(shapes)
+    assert control["head_dim"] not in (64, 128) and control["tp"] == [1]
+    assert not control["prefix_cache"] and not control["sampling"]
+
+
+@pytest.mark.parametrize("arch, parts, number", [("12.0f", (12, 0, "f"), 120), ("9.0a", (9, 0, "a"), 90),
+                                                 ("10.3", (10, 3, None), 103)])
+def test_arch_forms(arch, parts, number):
+    assert kernels_aot._arch_parts(arch) == parts and zero_jit.arch_number(arch) == number
+
+
+def test_artifact_checks_name_a_missing_file_a_changed_one_and_missing_sass(tmp_path):
+    library = tmp_path / "m.so"
+    library.write_bytes(b"not an ELF")
+    digest = hashlib.sha256(library.read_bytes()).hexdigest()
+    manifest = {"artifacts": [{"name": "m", "path": str(library), "sha256": digest},
+                              {"name": "gone", "path": str(tmp_path / "gone.so"), "sha256": digest},
+                              {"name": "changed", "path": str(library), "sha256": "0" * 64}]}
+    problems = zero_jit.check_artifacts(manifest, ["12.0f"])
+    assert problems[0] == "m: no SASS for sm_120 (it holds none)"
+    assert "gone.so is missing" in problems[1]
+    assert any(p.startswith("changed: sha256") for p in problems)
+
+
+def test_describe_reads_hash_size_and_no_gpu_code_from_a_host_library(tmp_path):
+    path = next(p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/lib/aarch64-linux-gnu/libc.so.6") if os.path.exists(p))
+    found = kernels_aot.describe(path)
+    assert found["bytes"] == os.path.getsize(path) and found["sass"] == [] and len(found["sha256"]) == 64
+
+
+def proof(**changes) -> dict:
+    base = {"flashinfer": {"loaded": [{"module": "cascade", "shape": "a", "load": "cascade"}], "misses": [],
+                           "undeclared": {"missed": True, "module": "batch_prefill_x", "error": "MissingJITCacheError"}},
+            "sglang": {"arch": "12.0f", "hits": [["a", "rope", None]], "misses": [],
+                       "undeclared": [["undeclared", "rope", "RuntimeError: crash on JIT"]]}}
+    for path, value in changes.items():
+        part, key = path.split(".")
+        base[part][key] = value
+    return base
+
+
+def verdict(result: dict, nvcc_calls=()) -> dict:
+    return zero_jit._verdict(0, "log line\n" + json.dumps(result), [], list(nvcc_calls), {"artifacts": [{}]})
+
+
+def test_a_clean_proof_passes():
+    check = verdict(proof())
+    assert check["status"] == "pass" and "1 FlashInfer modules" in check["detail"]
+
+
+@pytest.mark.parametrize("changes, nvcc, says", [
+    ({"flashinfer.undeclared": {"missed": False, "module": "x", "error": None}}, (), "did not miss"),
+    ({"flashinfer.misses": [{"shape": "a", "load": "prefill", "module": "m", "error": "MissingJITCacheError"}]},
+     (), "FlashInfer missed"),
+    ({"sglang.misses": [["a", "rope", "RuntimeError"]]}, (), "SGLang missed"),
+    ({"sglang.undeclared": [["undeclared", "rope", None]]}, (), "not armed"),
+    ({}, ("-c kernel.cu",), "nvcc was asked"),
+])
+def test_each_way_the_proof_can_fail_fails(changes, nvcc, says):
+    check = verdict(proof(**changes), nvcc)
+    assert check["status"] == "fail" and says in check["detail"]
+
+
+def test_no_result_from_the_child_fails_with_its_output():
+    check = zero_jit._verdict(1, "Traceback: boom", [], [], {})
+    assert check["status"] == "fail" and "boom" in check["detail"]
+
+
+def test_no_aot_table_is_a_skip():
+    assert zero_jit.check_aot({"aot": None})["status"] == "skip"
+
+
+def test_an_unreadable_manifest_fails(tmp_path):
+    check = zero_jit.check_aot({"aot": {"manifest": str(tmp_path / "none.json"), "archs": ["12.0f"]}})
+    assert check["status"] == "fail" and "unreadable" in check["detail"]
