@@ -77,6 +77,16 @@ def image_lock(engine, image: str, explicit: Path | None) -> Lock:
     return parse_lock(data.decode("utf-8", "replace"), f"{image}:/{IMAGE_LOCK}")
 
 
+def image_kernels(engine, image: str) -> list[dict]:
+    """The prebuilt kernels an image's manifest lists ([aot]); [] for an image without one."""
+    if verify.is_layout(image):
+        data = verify.layout_file(Path(image.removeprefix("oci:")), sbom.KERNEL_MANIFEST)
+    else:
+        data = verify.image_files(engine, image, keep=lambda path: path == sbom.KERNEL_MANIFEST
+                                  ).contents.get(sbom.KERNEL_MANIFEST)
+    return [] if data is None else sbom.parse_kernel_manifest(data, f"{image}:/{sbom.KERNEL_MANIFEST}")
+
+
 def _name_and_tag(labels: dict, image: str) -> tuple[str, str | None]:
     name = labels.get("org.opencontainers.image.title")
     if name:
@@ -96,7 +106,8 @@ def layout_sbom(engine, layout_dir: Path, image: str, explicit_lock: Path | None
     layout = oci.read_layout(layout_dir)
     lock = image_lock(engine, f"oci:{layout_dir}", explicit_lock)
     name, tag = _name_and_tag(verify.ImageFiles(layout.config, {}, {}).labels, image)
-    return sbom.build_sbom(lock, image_name=name, image_tag=tag, manifest_digest=manifest_digest)
+    return sbom.build_sbom(lock, image_name=name, image_tag=tag, manifest_digest=manifest_digest,
+                           kernels=image_kernels(engine, f"oci:{layout_dir}"))
 
 
 def export_command(args, out: Console, err: Console) -> int:
@@ -197,7 +208,8 @@ def sbom_command(args, out: Console, err: Console) -> int:
                 raise ImagebuildError(f"no image {args.image!r} in the {engine.name} engine")
             labels = info.labels
         name, tag = _name_and_tag(labels, args.image)
-        document = sbom.build_sbom(lock, image_name=name, image_tag=tag, manifest_digest=digest)
+        document = sbom.build_sbom(lock, image_name=name, image_tag=tag, manifest_digest=digest,
+                                   kernels=image_kernels(engine, args.image))
         path = sbom.write_sbom(document, args.out)
         attached = sbom.attach_sbom(layout_dir, document) if layout_dir is not None else None
     if args.json:

@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from imagebuild import __version__
 from imagebuild.common import write_atomic
+from imagebuild.errors import ImagebuildError
 from imagebuild.image import oci
 from imagebuild.lock import Lock
 
@@ -55,9 +56,49 @@ def is_cuda_component(name: str) -> bool:
     return name.startswith(CUDA_PREFIXES)
 
 
+KERNEL_MANIFEST = "opt/imagebuild/aot-manifest.json"  # written by the [aot] step (payload/probe/kernels_aot.py)
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+def parse_kernel_manifest(data: bytes, where: str) -> list[dict]:
+    """The artifacts of an image's kernel manifest: [{kind, name, path, sha256, bytes, sass, ptx}, ...].
+
+    It comes from inside an image, so anything malformed is one ImagebuildError naming it."""
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise ImagebuildError(f"{where}: the kernel manifest is not JSON: {err}") from None
+    artifacts = document.get("artifacts") if isinstance(document, dict) else None
+    if not isinstance(artifacts, list):
+        raise ImagebuildError(f"{where}: the kernel manifest has no artifacts list")
+    found = []
+    for index, item in enumerate(artifacts):
+        ok = isinstance(item, dict) and all(isinstance(item.get(k), str) for k in ("kind", "name", "path", "sha256")) \
+            and len(item["sha256"]) == 64 and set(item["sha256"]) <= _SHA256_HEX \
+            and isinstance(item.get("bytes"), int) and not isinstance(item.get("bytes"), bool) \
+            and all(isinstance(item.get(k), list) and all(isinstance(a, int) and not isinstance(a, bool)
+                                                           for a in item[k]) for k in ("sass", "ptx"))
+        if not ok:
+            raise ImagebuildError(f"{where}: artifacts[{index}] is not a kernel entry "
+                                  "(kind, name, path, sha256, bytes, sass, ptx)")
+        found.append({k: item[k] for k in ("kind", "name", "path", "sha256", "bytes", "sass", "ptx")})
+    return found
+
+
+def kernel_components(artifacts: list[dict]) -> list[dict]:
+    """One CycloneDX file component per prebuilt kernel module, with its hash and GPU code."""
+    return [{"type": "file", "bom-ref": f"kernel:{a['kind']}:{a['name']}", "name": a["name"],
+             "hashes": [{"alg": "SHA-256", "content": a["sha256"]}],
+             "properties": _props(kernel_kind=a["kind"], path=a["path"], bytes=a["bytes"],
+                                  sass=",".join(f"sm_{n}" for n in a["sass"]),
+                                  ptx=",".join(f"compute_{n}" for n in a["ptx"]))}
+            for a in sorted(artifacts, key=lambda a: (a["kind"], a["name"], a["path"]))]
+
+
 def build_sbom(lock: Lock, *, image_name: str, image_tag: str | None = None,
-               manifest_digest: str | None = None, epoch: int = oci.REPRO_EPOCH) -> dict:
-    """The CycloneDX 1.5 document for an image built from `lock`."""
+               manifest_digest: str | None = None, epoch: int = oci.REPRO_EPOCH,
+               kernels: list[dict] | None = None) -> dict:
+    """The CycloneDX 1.5 document for an image built from `lock`, with its prebuilt kernels if any."""
     image_ref = "image"
     image = {"type": "container", "bom-ref": image_ref, "name": image_name,
              "properties": _props(recipe=lock.recipe, recipe_sha256=lock.recipe_sha256,
@@ -116,6 +157,10 @@ def build_sbom(lock: Lock, *, image_name: str, image_tag: str | None = None,
                                  min_driver=lock.cuda.get("min_driver") or "")})
         depends[image_ref].append(cuda_ref)
         depends[cuda_ref] = cuda_parts
+
+    for component in kernel_components(kernels or []):
+        components.append(component)
+        depends[image_ref].append(component["bom-ref"])
 
     key = manifest_digest or lock.sha256
     return {

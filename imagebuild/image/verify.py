@@ -1,8 +1,8 @@
 """Verify and diff: an image's files, read from its layers as streams, against its lock or another image.
 
 `verify_image` checks an image against the lock it claims to come from: the io.imagebuild.* labels,
-every locked distribution's installed version and RECORD hashes, and the patches listed in each
-<dist-info>/IMAGEBUILD_PATCHES. `diff_images` names the first files that differ between two images.
+every locked distribution's installed version and RECORD hashes, the patches listed in each
+<dist-info>/IMAGEBUILD_PATCHES, and the prebuilt kernels its [aot] manifest lists. `diff_images` names the first files that differ between two images.
 An image is an engine reference or an OCI layout (`oci:DIR`, or a folder holding an oci-layout file).
 Layers are read one tar stream at a time and only a table of the merged files (hashes, not contents)
 stays in memory, apart from the few dist-info files verify reads.
@@ -27,6 +27,7 @@ from imagebuild.errors import ImagebuildError
 from imagebuild.image import export
 from imagebuild.image import normalize
 from imagebuild.image import oci
+from imagebuild.image import sbom
 from imagebuild.lock import Lock, read_lock
 from imagebuild.render import LABEL_PREFIX, site_packages
 
@@ -240,8 +241,23 @@ def _dist_info_file(site: str) -> Callable[[str], bool]:
     def keep(path: str) -> bool:
         folder, name = posixpath.split(path)
         return (name in ("METADATA", "RECORD", PATCHES_FILE) and folder.endswith(".dist-info")
-                and posixpath.dirname(folder) == site)
+                and posixpath.dirname(folder) == site) or path == sbom.KERNEL_MANIFEST
     return keep
+
+
+def _check_kernels(found: ImageFiles, image: str, checked: dict) -> list[Mismatch]:
+    """[aot]'s prebuilt kernels sit outside every RECORD: each must still hash as its manifest says."""
+    data = found.contents.get(sbom.KERNEL_MANIFEST)
+    if data is None:
+        return []
+    mismatches = []
+    for artifact in sbom.parse_kernel_manifest(data, f"{image}:/{sbom.KERNEL_MANIFEST}"):
+        checked["kernels"] += 1
+        entry = found.files.get(artifact["path"].lstrip("/"))
+        actual = "(missing)" if entry is None else entry.sha256 or f"({entry.kind})"
+        if actual != artifact["sha256"]:
+            mismatches.append(Mismatch("kernel", artifact["path"], artifact["sha256"], actual))
+    return mismatches
 
 
 def record_hash(hexdigest: str) -> str:
@@ -268,7 +284,7 @@ def verify_image(engine, image: str, lock_path: Path) -> VerifyReport:
 def verify_files(found: ImageFiles, lock: Lock, *, image: str, lock_path: str) -> VerifyReport:
     site = site_packages(lock).lstrip("/")
     mismatches: list[Mismatch] = []
-    checked = {"labels": 0, "packages": 0, "files": 0, "patches": 0}
+    checked = {"labels": 0, "packages": 0, "files": 0, "patches": 0, "kernels": 0}
     for key, expected in ((f"{LABEL_PREFIX}.lock.sha256", lock.sha256),
                           (f"{LABEL_PREFIX}.recipe.sha256", lock.recipe_sha256)):
         checked["labels"] += 1
@@ -299,6 +315,7 @@ def verify_files(found: ImageFiles, lock: Lock, *, image: str, lock_path: str) -
         if listed != expected:
             mismatches.append(Mismatch("patch", name, " ".join(expected) or "(no patches)",
                                        " ".join(listed) or "(no patches)"))
+    mismatches += _check_kernels(found, image, checked)
     return VerifyReport(image, lock_path, checked, mismatches, sorted(shared.values(), key=lambda f: f.path))
 
 

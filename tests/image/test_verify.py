@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import tarfile
 from dataclasses import replace
 from pathlib import Path
@@ -72,7 +73,7 @@ def run_verify(tmp_path, lock, layers, labels=None):
 def test_an_image_that_matches_its_lock_verifies(tmp_path):
     report = run_verify(tmp_path, demo_lock(), [dist_members()])
     assert report.ok, report.mismatches
-    assert report.checked == {"labels": 2, "packages": 1, "files": 1, "patches": 0}
+    assert report.checked == {"labels": 2, "packages": 1, "files": 1, "patches": 0, "kernels": 0}
 
 
 def test_a_changed_file_is_named(tmp_path):
@@ -95,6 +96,24 @@ def test_patches_must_be_the_locked_ones(tmp_path):
     assert [(m.what, m.actual) for m in unpatched.mismatches] == [("patch", "(no patches)")]
     unlocked = run_verify(tmp_path / "c", demo_lock(), [dist_members(patched=True)])
     assert [(m.what, m.expected) for m in unlocked.mismatches] == [("patch", "(no patches)")]
+
+
+def kernel_members(code: bytes, listed: bytes) -> list:
+    """A prebuilt kernel outside every RECORD, and the [aot] manifest that lists it with the hash of `listed`."""
+    path = f"{SITE}/flashinfer/data/aot/cascade/cascade.so"
+    manifest = {"artifacts": [{"kind": "flashinfer", "name": "cascade", "path": f"/{path}", "bytes": len(listed),
+                               "sha256": hashlib.sha256(listed).hexdigest(), "sass": [120], "ptx": []}]}
+    return [member(path, data=code), member("opt/imagebuild/aot-manifest.json", data=json.dumps(manifest).encode())]
+
+
+def test_prebuilt_kernels_must_hash_as_their_manifest_says(tmp_path):
+    good = run_verify(tmp_path / "a", demo_lock(), [dist_members() + kernel_members(b"sass", b"sass")])
+    assert good.ok and good.checked["kernels"] == 1
+    changed = run_verify(tmp_path / "b", demo_lock(), [dist_members() + kernel_members(b"other", b"sass")])
+    assert [(m.what, m.subject) for m in changed.mismatches] == [
+        ("kernel", f"/{SITE}/flashinfer/data/aot/cascade/cascade.so")]
+    gone = run_verify(tmp_path / "c", demo_lock(), [dist_members() + kernel_members(b"sass", b"sass")[1:]])
+    assert [m.actual for m in gone.mismatches] == ["(missing)"]
 
 
 def test_a_file_removed_by_a_later_layer_is_missing(tmp_path):
