@@ -54,10 +54,18 @@ def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = Fal
         except Exception as error:
             return make_check(name, FAIL, f"the probe itself failed: {type(error).__name__}: {error}")
 
-    with ThreadPoolExecutor(max_workers=len(checks) if jobs > 1 else 1) as pool:
-        results = list(pool.map(guarded, checks))  # the report keeps the checks' order
-    # Last and alone: it hides nvcc, which the deep_gemm compile above needs.
-    results.append(guarded(("zero-jit", lambda: check_aot(expect))))
+    with ThreadPoolExecutor(max_workers=len(checks) + 1 if jobs > 1 else 1) as pool:
+        futures = [pool.submit(guarded, check) for check in checks]
+
+        def zero_jit() -> dict:
+            # It hides nvcc: only the import tier, which runs no nvcc, may still be running.
+            for (name, _), future in zip(checks, futures):
+                if name != "imports":
+                    future.result()
+            return guarded(("zero-jit", lambda: check_aot(expect)))
+
+        last = pool.submit(zero_jit)
+        results = [future.result() for future in futures] + [last.result()]  # the report keeps the checks' order
     return dict(make_report(results), jobs=jobs)
 
 
