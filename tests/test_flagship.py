@@ -13,6 +13,8 @@ import pytest
 
 from imagebuild import compat, pipeline
 from imagebuild.errors import FindingsFailed
+from imagebuild.cli.repro import image_kernels
+from imagebuild.image.sbom import build_sbom
 from imagebuild.image.verify import verify_image
 from imagebuild.lock import read_lock
 from imagebuild.lock.patches import check_patches
@@ -37,6 +39,13 @@ def test_flagship_lock_keeps_the_toolchain_on_torchs_cuda():
     assert layers["torch"] == layers["nvidia-cublas"] == "framework"
     assert layers["flashinfer-python"] == layers["sglang-kernel"] == "kernels"
     assert layers["sglang"] == "application"
+
+
+def without_aot(text: str) -> str:
+    """The recipe with its [aot] table and shapes removed."""
+    cut = re.sub(r"\n\[aot\]\n.*?(?=\n\[(?!\[aot))", "\n", text, flags=re.S)
+    assert "[aot]" not in cut and "[env]" in cut
+    return cut
 
 
 UNPINNED = """\
@@ -111,6 +120,7 @@ def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine, user_image):
         # Patched and pruned, every RECORD still matches the files: verify finds nothing to report.
         verified = verify_image(engine, report.image, REPO / "lockfiles" / "sglang-blackwell.lock")
         assert verified.ok, verified.mismatches[:5]
+        assert verified.checked["kernels"] >= 4  # [aot]'s kernels, outside every RECORD, hash as their manifest says
         # What the recipe prunes is gone, and the probe's waste scan no longer lists it.
         assert info.labels["io.imagebuild.pruned"] == "flashinfer-python,nvidia-nccl-cu13,sglang-kernel,triton"
         done = engine.run(report.image, ["python", "/opt/imagebuild/probe.pyz", "--waste", "120"])
@@ -119,8 +129,37 @@ def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine, user_image):
         assert not paths & {"sgl_kernel/flash_ops.abi3.so", "sgl_kernel/flashmla_ops.abi3.so",
                             "triton/_C/libtriton.so", "nvidia/nccl/lib/libnccl.so.2"}
         assert not [p for p in paths if p.startswith("triton/") and p.endswith("_static.a")]
+        check_zero_jit(engine, report.image, checks["zero-jit"])
     finally:
         engine.remove(report.image)
+
+
+def check_zero_jit(engine, image: str, check: dict) -> None:
+    """[aot]: what the build compiled is what FlashInfer's and SGLang's own loaders find with JIT off."""
+    assert check["status"] == "pass", check["detail"]
+    evidence = check["evidence"]
+    assert evidence["nvcc_calls"] == [] and evidence["problems"] == []
+    manifest = json.loads(engine.run(image, ["cat", "/opt/imagebuild/aot-manifest.json"]).stdout)
+    built = {a["name"]: a for a in manifest["artifacts"] if a["kind"] == "flashinfer"}
+    proof = evidence["proof"]["flashinfer"]
+    # Both shapes: one prefill module serves bf16 prefill and GQA-4 decode; the FP8 cache adds one;
+    # cascade and sampling are shared. The names are FlashInfer's, asked of it, not written here.
+    assert len(built) == 4 and {e["module"] for e in proof["loaded"]} == set(built)
+    assert all(e["aot"] and e["path"] == built[e["module"]]["path"] for e in proof["loaded"])
+    assert proof["undeclared"]["missed"] and proof["undeclared"]["module"] not in built
+    assert all(120 in a["sass"] for a in manifest["artifacts"])  # sm_120f SASS, read from each fat binary
+    sglang = evidence["proof"]["sglang"]
+    assert sglang["misses"] == [] and len(sglang["hits"]) >= 5
+    assert sglang["undeclared"] and all(error for _, _, error in sglang["undeclared"])
+    assert [a for a in manifest["artifacts"] if a["kind"] == "sglang"]
+    # The SBOM lists every prebuilt kernel with its hash; doctor in the image knows deep_gemm is off.
+    document = build_sbom(read_lock(REPO / "lockfiles" / "sglang-blackwell.lock"), image_name="flagship",
+                          kernels=image_kernels(engine, image))
+    files = {c["name"]: c["hashes"][0]["content"] for c in document["components"] if c["type"] == "file"}
+    assert files == {a["name"]: a["sha256"] for a in manifest["artifacts"]}
+    doctor = json.loads(engine.run(image, ["python", "/opt/imagebuild/probe.pyz", "--doctor"]).stdout)
+    (deep_gemm,) = [f for f in doctor["checks"] if f["name"] == "deep-gemm-cache"]
+    assert deep_gemm["status"] == "pass" and "SGLANG_ENABLE_JIT_DEEPGEMM=0" in deep_gemm["detail"]
 
 
 @pytest.mark.slow
@@ -128,6 +167,7 @@ def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine, user_image):
 def test_without_the_patch_the_dynamo_tier_fails(engine, write_recipe):
     """Tier 2 can fail: the same stack with FlashInfer unpatched breaks under torch.compile(fullgraph)."""
     text = re.sub(r"\[\[patches\]\]\n.*?\n\n", "", RECIPE.read_text(), flags=re.S)
+    text = without_aot(text)  # the kernels are not what this test is about, and take minutes to compile
     name = f"imagebuild-test/sglang-unpatched-{os.getpid()}"
     text = text.replace('name = "imagebuild/sglang-blackwell"', f'name = "{name}"')
     recipe = write_recipe(text, "sglang-unpatched")
