@@ -19,7 +19,7 @@ from packaging.version import Version
 from imagebuild import __version__, payload
 from imagebuild.errors import RecipeError
 from imagebuild.lock import Lock, template_path
-from imagebuild.payload.probe import bundle
+from imagebuild.payload.probe import bundle, findings_kernels
 from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.model import Recipe
 
@@ -28,7 +28,7 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PATCHER_SOURCE = payload.PATCHER
 PRUNER_SOURCE = payload.PRUNER
 AOT_SOURCES = (Path(bundle.SOURCE) / "kernels_aot.py", Path(bundle.SOURCE) / "waste.py")  # the build step's script
-AOT_MANIFEST = "/opt/imagebuild/aot-manifest.json"
+AOT_MANIFEST = findings_kernels.KERNEL_MANIFEST  # where the [aot] step writes its manifest
 SGLANG_JIT_CACHE = "/var/cache/sglang/jit"
 LABEL_PREFIX = "io.imagebuild"
 

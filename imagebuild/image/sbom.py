@@ -22,6 +22,7 @@ from imagebuild.common import write_atomic
 from imagebuild.errors import ImagebuildError
 from imagebuild.image import oci
 from imagebuild.lock import Lock
+from imagebuild.render import AOT_MANIFEST
 
 MEDIA_CYCLONEDX = "application/vnd.cyclonedx+json"
 SPEC_VERSION = "1.5"
@@ -56,7 +57,7 @@ def is_cuda_component(name: str) -> bool:
     return name.startswith(CUDA_PREFIXES)
 
 
-KERNEL_MANIFEST = "opt/imagebuild/aot-manifest.json"  # written by the [aot] step (payload/probe/kernels_aot.py)
+KERNEL_MANIFEST = AOT_MANIFEST.lstrip("/")  # the [aot] step's manifest, as a path inside a layer
 _SHA256_HEX = frozenset("0123456789abcdef")
 
 

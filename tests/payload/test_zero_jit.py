@@ -87,7 +87,7 @@ def proof(**changes) -> dict:
 
 
 def verdict(result: dict, nvcc_calls=()) -> dict:
-    return zero_jit._verdict(0, "log line\n" + json.dumps(result), [], list(nvcc_calls), {"artifacts": [{}]})
+    return zero_jit._verdict(json.loads(json.dumps(result)), 0, "", [], list(nvcc_calls), {"artifacts": [{}]})
 
 
 def test_a_clean_proof_passes():
@@ -109,7 +109,7 @@ def test_each_way_the_proof_can_fail_fails(changes, nvcc, says):
 
 
 def test_no_result_from_the_child_fails_with_its_output():
-    check = zero_jit._verdict(1, "Traceback: boom", [], [], {})
+    check = zero_jit._verdict(None, 1, "Traceback: boom", [], [], {})
     assert check["status"] == "fail" and "boom" in check["detail"]
 
 

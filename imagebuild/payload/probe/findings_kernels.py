@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 
+from .deep_gemm import EM_CUDA, parse_cubin_header
 from .report import FAIL, PASS, SKIP, WARN, make_finding, shell_fix
 from .waste import elf_sections, fatbin_code
 
 KERNEL_MANIFEST = "/opt/imagebuild/aot-manifest.json"
 OFF = ("0", "false", "False", "no")
-EF_CUDA_SM_SHIFT = 8  # a CUDA cubin's ELF e_flags hold its SM in bits 8..15 (sm_120 -> 120)
 
 
 def read_manifest(path: str = KERNEL_MANIFEST) -> dict | None:
@@ -29,16 +29,13 @@ def read_manifest(path: str = KERNEL_MANIFEST) -> dict | None:
 
 
 def cubin_arch(path: str) -> int | None:
-    """The SM a CUDA cubin was compiled for, from its ELF header (EM_CUDA = 190)."""
+    """The SM a CUDA cubin was compiled for, from its ELF header (the deep_gemm tier's reader)."""
     try:
         with open(path, "rb") as handle:
-            head = handle.read(64)
+            header = parse_cubin_header(handle.read(64))
     except OSError:
         return None
-    if len(head) < 52 or head[:4] != b"\x7fELF" or int.from_bytes(head[18:20], "little") != 190:
-        return None
-    flags = int.from_bytes(head[48:52], "little")
-    return (flags >> EF_CUDA_SM_SHIFT) & 0xFF or None
+    return (header["arch"] or None) if header and header["machine"] == EM_CUDA else None
 
 
 def cached_archs(folder: str) -> tuple[int, set]:

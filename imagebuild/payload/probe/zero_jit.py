@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 from .kernels_aot import describe
+from .gpus import arch_number as gpu_arch
 from .report import FAIL, PASS, SKIP, make_check
+from .system import run_python_json
 
 PROVE_TIMEOUT_S = 900
 _PACKAGE = __name__.rpartition(".")[0]  # imagebuild_probe in the zipapp, imagebuild.payload.probe in the tree
@@ -44,8 +45,8 @@ def _package_root() -> str:
 
 def arch_number(arch: str) -> int:
     """`12.0f` -> 120, the number a fat binary's entry carries."""
-    major, _, rest = arch.partition(".")
-    return int(major) * 10 + int("".join(c for c in rest if c.isdigit()) or 0)
+    major, minor = gpu_arch(arch)[:2]
+    return major * 10 + minor
 
 
 def check_artifacts(manifest: dict, archs: list) -> list:
@@ -121,34 +122,16 @@ def check_aot(expect: dict) -> dict:
         code = (f"import sys; from {_PACKAGE}.kernels_aot import main; "
                 "sys.exit(main(sys.argv[1:]))")
         with HiddenNvcc(cuda_home, manifest.get("nvcc_version", ""), scratch) as hidden:
-            status, output, errors = _run([sys.executable, "-c", code, "prove", spec_path, path], env)
+            proof, status, errors = run_python_json(code, "prove", spec_path, path, timeout=PROVE_TIMEOUT_S, env=env)
             nvcc_calls = hidden.calls()
-    return _verdict(status, output, problems, nvcc_calls, manifest, errors)
+    return _verdict(proof, status, errors, problems, nvcc_calls, manifest)
 
 
-def _run(argv: list, env: dict) -> tuple:
-    """(exit status, stdout, stderr); status None when it could not run."""
-    try:
-        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                              timeout=PROVE_TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError, ValueError) as error:
-        return None, "", str(error)
-    return done.returncode, done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
-
-
-def _verdict(status, output: str, problems: list, nvcc_calls: list, manifest: dict, errors: str = "") -> dict:
-    proof = None
-    for line in reversed((output or "").splitlines()):
-        if line.startswith("{"):
-            try:
-                proof = json.loads(line)
-            except ValueError:
-                pass
-            break
+def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls: list, manifest: dict) -> dict:
     evidence = {"artifacts": len(manifest.get("artifacts", [])), "problems": problems, "nvcc_calls": nvcc_calls}
     if proof is None:
         return make_check("zero-jit", FAIL, f"the load proof printed no result (exit {status}): "
-                          f"{((output or '') + (errors or ''))[-1500:]}", **evidence)
+                          f"{(errors or '')[-1500:]}", **evidence)
     flashinfer = proof["flashinfer"]
     sglang = proof.get("sglang")
     evidence.update(proof=proof)
