@@ -97,3 +97,9 @@ class SmokeFailed(ImagebuildError):
     def __init__(self, message: str, report: dict | None = None):
         self.report = report
         super().__init__(message)
+
+
+class BaseFetchFailed(LockError):
+    """A locked .deb (or a suite's index) that no source serves as locked: gone, or different bytes."""
+
+    exit_code = EXIT_FAILED

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Callable
 
 from imagebuild import compat
-from imagebuild.bases import ensure_base_image, identify
+from imagebuild.base.identity import BaseIdentity
+from imagebuild.bootstrap import base_moves, ensure_base_image, identify, pending_updates
 from imagebuild.common import cache_dir, host_arch
 from imagebuild.engine import BuildCache, Engine, ImageInfo
 from imagebuild.engine.contract import split_ref
 from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, RecipeError, SmokeFailed
 from imagebuild.lock import (Lock, PlatformLocks, default_lock_path, ensure_fresh, read_lock, read_locks, resolve_lock,
-                             uv_binary_for, write_locks)
+                             stale_reasons, uv_binary_for, write_locks)
 from imagebuild.publish.build_cache import push_build_cache
 from imagebuild.publish.by_lock import RegistryTarget, push_by_lock, reuse_by_lock
 from imagebuild.recipe.model import DebianBase, Recipe, load_recipe
@@ -63,11 +64,13 @@ class LockReport:
     findings: list = field(default_factory=list)
     lock_sha256: str = ""
     platforms: dict | None = None  # a multi-platform lock: linux/<arch> -> its packages and lock_sha256
+    base_moves: list = field(default_factory=list)  # what moved in the base: package, old, new, suite (and arch)
 
     def to_dict(self) -> dict:
         return {"recipe": self.recipe, "lock": self.lock_path, "changed": self.changed,
                 "packages": self.packages, "seconds": round(self.seconds, 2),
                 "lock_sha256": self.lock_sha256, "findings": [f.to_dict() for f in self.findings],
+                "base_moves": self.base_moves,
                 **({"platforms": self.platforms} if self.platforms else {})}
 
 
@@ -113,17 +116,60 @@ def base_glibc(recipe: Recipe) -> str:
     return recipe.base.glibc
 
 
-def check(recipe_path: str | Path) -> CheckReport:
-    """The rules knowable before resolving; with a lock beside the recipe, its patches against the
-    locked wheels too."""
+def check(recipe_path: str | Path, *, lock_path: Path | None = None, progress: Progress = quiet) -> CheckReport:
+    """The rules knowable before resolving; with a lock beside the recipe, whether it is fresh, its
+    patches against the locked wheels, and the base's packages that its suites have updated since."""
     recipe = load_recipe(recipe_path)
     findings = compat.check_recipe(recipe, base_glibc(recipe))
-    path = default_lock_path(recipe)
-    if recipe.patches and path.is_file():
-        locks = read_locks(path)
-        for arch, one in ({None: locks} if isinstance(locks, Lock) else locks.locks).items():
-            findings += patch_findings(recipe if arch is None or not recipe.platforms else recipe.for_platform(arch), one)
+    path = Path(lock_path) if lock_path else default_lock_path(recipe)
+    if not path.is_file():
+        findings.append(compat.Finding("note", "lock-missing", f"{path} does not exist yet",
+                                       "no lock beside the recipe", f"`imagebuild lock {recipe.path}` writes it",
+                                       "imagebuild"))
+        return CheckReport(str(recipe.path), located(recipe, findings))
+    locks = read_locks(path)
+    for arch, one in ({None: locks} if isinstance(locks, Lock) else locks.locks).items():
+        platform_recipe = recipe if arch is None or not recipe.platforms else recipe.for_platform(arch)
+        findings += lock_findings(platform_recipe, one, path, progress)
     return CheckReport(str(recipe.path), located(recipe, findings))
+
+
+def lock_findings(recipe: Recipe, locked: Lock, path: Path, progress: Progress = quiet) -> list:
+    """What `check` says of a lock: fresh or stale (and why), its patches, and security fixes waiting."""
+    where = f"linux/{locked.base.arch}: " if recipe.platforms or locked.base.arch != host_arch() else ""
+    reasons = stale_reasons(locked, recipe)
+    if reasons:
+        findings = [compat.Finding("warning", "lock-stale", f"{where}{path} is stale", "; ".join(reasons),
+                                   f"`imagebuild lock {recipe.path}` refreshes it", "imagebuild")]
+    else:
+        findings = [compat.Finding("note", "lock-fresh", f"{where}{path} is fresh for {recipe.path.name}",
+                                   f"lock sha256 {locked.sha256}", "nothing to do", "imagebuild")]
+    if recipe.patches:
+        findings += patch_findings(recipe, locked)
+    if isinstance(recipe.base, DebianBase) and locked.base.kind == "debian":
+        findings += base_update_findings(recipe, locked.base, where, progress)
+    return findings
+
+
+def base_update_findings(recipe: Recipe, locked: BaseIdentity, where: str = "", progress: Progress = quiet) -> list:
+    """One warning per suite that carries newer versions of locked packages (security fixes waiting)."""
+    try:
+        waiting = pending_updates(locked, recipe.base, progress)
+    except ImagebuildError as err:
+        return [compat.Finding("warning", "base-updates-unknown", f"{where}could not read the base's suites to "
+                               "look for updates", str(err), "check again when the mirror answers", "imagebuild",
+                               key="base")]
+    findings = []
+    for suite in sorted({item["suite"] for item in waiting}):
+        items = [item for item in waiting if item["suite"] == suite]
+        kind = "security fixes waiting" if suite.endswith("-security") else "updates waiting"
+        findings.append(compat.Finding(
+            "warning", "base-updates", f"{where}{suite} has newer versions of {len(items)} locked base "
+            f"package(s) ({kind}): {', '.join(item['package'] for item in items)}",
+            "; ".join(f"{item['package']} {item['locked']} -> {item['newest']}" for item in items),
+            f"`imagebuild lock {recipe.path} --upgrade-base`, then rebuild", f"the {suite} Packages index",
+            key="base"))
+    return findings
 
 
 def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = quiet) -> tuple[list, bool]:
@@ -195,20 +241,36 @@ def stop_on_errors(findings: list, recipe: Recipe | None = None) -> None:
 
 # ---------------------------------------------------------------- lock
 
-def lock(recipe_path: str | Path, *, lock_path: Path | None = None,
+def lock(recipe_path: str | Path, *, lock_path: Path | None = None, upgrade_base: bool = False,
          progress: Progress = quiet) -> LockReport:
+    """Resolve the recipe into its lock. A base already locked for what the recipe asks of it is kept
+    as it is; `upgrade_base` moves it to its suites' current state (and keeps the Python pins of a
+    fresh lock), and the report says what moved."""
     started = time.monotonic()
     recipe = load_recipe(recipe_path)
     single_platform(recipe)
     findings = compat.check_recipe(recipe, base_glibc(recipe))
     stop_on_errors(findings, recipe)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
-    new, found = resolved(recipe, progress)
+    old = existing_locks(path).get(recipe.base.arch if isinstance(recipe.base, DebianBase) else "amd64")
+    new, found = resolved(recipe, progress, old=old, upgrade_base=upgrade_base)
     findings = merged(findings, found)
     stop_on_errors(findings, recipe)
     changed = store_lock(new, path)
+    moves = base_moves(old.base, new.base) if old is not None and old.base.kind == "debian" else []
     return LockReport(str(recipe.path), str(path), changed, len(new.wheels),
-                      time.monotonic() - started, located(recipe, findings), new.sha256)
+                      time.monotonic() - started, located(recipe, findings), new.sha256, base_moves=moves)
+
+
+def existing_locks(path: Path) -> dict[str, Lock]:
+    """The lock file's locks by platform, to keep what they pinned; {} when there is none to read
+    (missing, or of another format: the relock starts afresh)."""
+    from imagebuild.errors import LockError
+    try:
+        locks = read_locks(path)
+    except LockError:
+        return {}
+    return {locks.base.arch: locks} if isinstance(locks, Lock) else dict(locks.locks)
 
 
 def single_platform(recipe: Recipe) -> None:
@@ -218,10 +280,17 @@ def single_platform(recipe: Recipe) -> None:
                           key="platforms", hint="call imagebuild.platforms.lock / build")
 
 
-def resolved(recipe: Recipe, progress: Progress = quiet) -> tuple[Lock, list]:
+def resolved(recipe: Recipe, progress: Progress = quiet, *, old: Lock | None = None,
+             upgrade_base: bool = False) -> tuple[Lock, list]:
     """The single-platform recipe resolved into a Lock, with what the resolve and the locked wheels
-    say against the rules (not yet judged)."""
-    base = identify(recipe.base, progress)
+    say against the rules (not yet judged). The old lock's base is kept unless the recipe asks another
+    or `upgrade_base`; moving only the base of a fresh lock keeps its wheels as they are."""
+    base = identify(recipe.base, old.base if old is not None else None, upgrade=upgrade_base, progress=progress)
+    if (upgrade_base and old is not None and not stale_reasons(old, recipe)
+            and (base.python, base.glibc) == (old.base.python, old.base.glibc)):
+        from dataclasses import replace
+        progress(f"keeping the {len(old.wheels)} locked wheels: only the base moves")
+        return replace(old, base=base), []
     progress(f"resolving {len(recipe.python.requirements)} requirements for Python {base.python} "
              f"on {base.uv_platform}")
     new = resolve_lock(recipe, base)

@@ -25,6 +25,7 @@ from imagebuild.engine.contract import split_ref
 from imagebuild.errors import ImagebuildError, LockError
 from imagebuild.lock import Lock, PlatformLocks, default_lock_path, ensure_fresh, read_locks
 from imagebuild.lock.lockfile import recipe_sha256
+from imagebuild.bootstrap import base_moves
 from imagebuild.common import host_arch
 from imagebuild.recipe.model import PlatformSpec, Recipe, load_recipe
 
@@ -52,27 +53,32 @@ class PlatformsBuildReport:
                 "findings": [f.to_dict() for f in self.findings]}
 
 
-def lock(recipe_path: str | Path, *, lock_path: Path | None = None,
+def lock(recipe_path: str | Path, *, lock_path: Path | None = None, upgrade_base: bool = False,
          progress: Progress = pipeline.quiet) -> pipeline.LockReport:
     """One lock per platform, in one file; a package with no wheel for a platform stops the lock,
     naming the package and the platform."""
     recipe = load_recipe(recipe_path)
     if not recipe.platforms:
-        return pipeline.lock(recipe.path, lock_path=lock_path, progress=progress)
+        return pipeline.lock(recipe.path, lock_path=lock_path, upgrade_base=upgrade_base, progress=progress)
     started = time.monotonic()
     findings = compat.check_recipe(recipe, pipeline.base_glibc(recipe))
     pipeline.stop_on_errors(findings, recipe)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
-    locks, found = {}, {}
+    locks, found, moves = {}, {}, []
+    old = pipeline.existing_locks(path)
     for spec in recipe.platforms:
         progress(f"{spec.name}: locking")
-        locks[spec.arch], found[spec.arch] = pipeline.resolved(recipe.for_platform(spec.arch), progress)
+        locks[spec.arch], found[spec.arch] = pipeline.resolved(recipe.for_platform(spec.arch), progress,
+                                                               old=old.get(spec.arch), upgrade_base=upgrade_base)
+        if spec.arch in old and old[spec.arch].base.kind == "debian":
+            moves += [{**move, "arch": spec.arch} for move in base_moves(old[spec.arch].base, locks[spec.arch].base)]
     findings = pipeline.merged(findings, across_platforms(found))
     pipeline.stop_on_errors(findings, recipe)
     new = PlatformLocks(recipe=recipe.stem, recipe_sha256=recipe_sha256(recipe), locks=locks)
     changed = pipeline.store_lock(new, path)
     report = pipeline.LockReport(str(recipe.path), str(path), changed, sum(len(l.wheels) for l in locks.values()),
-                                 time.monotonic() - started, pipeline.located(recipe, findings), new.sha256)
+                                 time.monotonic() - started, pipeline.located(recipe, findings), new.sha256,
+                                 base_moves=moves)
     report.platforms = {f"linux/{arch}": {"packages": len(one.wheels), "lock_sha256": one.sha256,
                                           "python_platform": one.python_platform}
                         for arch, one in sorted(locks.items())}

@@ -1,4 +1,5 @@
-"""Shared fixtures: recipes written into temp folders, and the real Docker engine."""
+"""Shared fixtures: recipes written into temp folders, the real Docker engine, and fresh engines of a
+test's own beside it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+from tests import engine_daemon
 
 # No per-example deadline: a property must hold, not run fast (a loaded CI machine is not a failure).
 settings.register_profile("imagebuild", deadline=None)
@@ -40,6 +43,27 @@ def engine():
     docker_engine = DockerEngine()
     docker_engine.check()
     return docker_engine
+
+
+def _second_engine():
+    why = engine_daemon.why_not()
+    if why:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
+    with engine_daemon.running() as daemon:
+        yield daemon
+
+
+@pytest.fixture
+def fresh_runner():
+    """A second Docker engine of this test's own (tests/engine_daemon.py): an empty image store and
+    builder cache, where a build runs cold without pruning anything of the session engine's."""
+    yield from _second_engine()
+
+
+@pytest.fixture(scope="module")
+def fresh_runner_for_module():
+    """fresh_runner for a module's fixtures: one second engine, kept until the module ends."""
+    yield from _second_engine()
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ so deletes the host's docker0, and the first engine's containers lose their netw
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -17,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 DOCKER_CLI = "/usr/bin/docker"
 
@@ -86,3 +88,20 @@ def start_daemon() -> Daemon:
     tail = log.read_text()[-2000:]
     daemon.stop()
     raise RuntimeError(f"a second dockerd did not come up: {tail}")
+
+
+@contextlib.contextmanager
+def running() -> Iterator[Daemon]:
+    """A second engine for the length of a with-block, then stopped with everything in it; the
+    session engine's docker0 must outlive it."""
+    docker0 = _link("docker0")
+    daemon = start_daemon()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+    assert _link("docker0") == docker0, "the second engine took docker0 with it"
+
+
+def _link(name: str) -> list[str]:
+    return subprocess.run(["ip", "-br", "link", "show", name], capture_output=True, text=True).stdout.split()[:1]

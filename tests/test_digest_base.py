@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild import pipeline
-from imagebuild.bases import ensure_base_image
+from imagebuild.bootstrap import ensure_base_image
 from imagebuild.lock import read_lock
 from imagebuild.recipe import load_recipe
 from tests.registry_server import missing_tools, start_registry

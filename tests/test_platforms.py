@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from imagebuild import compat, platforms
-from imagebuild.bases import BaseIdentity
+from tests.fake_base import debian_identity
 from imagebuild.errors import LockError, RecipeError, ResolveFailed
 from imagebuild.lock import Lock, LockedWheel, PlatformLocks, parse_locks, read_lock, resolve_lock, write_locks
 from imagebuild.lock.resolve import missing_wheel
@@ -162,8 +162,7 @@ def test_findings_every_platform_has_are_said_once_and_the_others_name_their_pla
 # ---------------------------------------------------------------- the lock file
 
 def one_lock(arch: str) -> Lock:
-    base = BaseIdentity(kind="debian", suite="bookworm", arch=arch, python="3.11", glibc="2.36",
-                        rootfs_sha256="e" * 64, packages={"libc6": "2.36-9", "python3": "3.11.2-1"})
+    base = debian_identity({"libc6": "2.36-9", "python3": "3.11.2-1"}, arch=arch)
     machine = {"amd64": "x86_64", "arm64": "aarch64"}[arch]
     wheel = LockedWheel("six", "1.16.0", "six-1.16.0-py2.py3-none-any.whl", "a" * 64, 11053, "libraries")
     numpy = LockedWheel("numpy", "2.1.0", f"numpy-2.1.0-cp311-cp311-manylinux_2_17_{machine}.whl",

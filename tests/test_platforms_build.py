@@ -1,11 +1,13 @@
 """Several platforms built for real: recipes/cuda-toolchain-multiarch.toml for amd64 and arm64 (arm64
 under qemu-user-static emulation), each smoke-tested in its own container, joined by export-oci into
-one OCI image index that two builds reproduce, pushed as one tag to a real loopback registry and
-pulled back by platform with skopeo; and a platform built on its own engine (a second local dockerd
-on its own socket, standing in for a native Grace builder).
+one OCI image index that two builds reproduce (the second on a fresh engine of the test's own: a second
+local dockerd, tests/engine_daemon.py, with an empty builder cache), pushed as one tag to a real
+loopback registry and pulled back by platform with skopeo; and a platform built on its own engine (a
+second local dockerd on its own socket, standing in for a native Grace builder).
 
 Images are tagged with this process's id and removed at the end (the lock-labelled images a build
-reuses are the engine's cache, as for every build)."""
+reuses are the engine's cache, as for every build); nothing of the session engine's builder cache is
+pruned, and a fresh engine goes with everything in it."""
 
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ import pytest
 
 from imagebuild import platforms
 from imagebuild.cli import app as cli
+from imagebuild.engine.docker import DockerEngine
 from imagebuild.errors import EngineUnavailable
 from imagebuild.image import index
 from imagebuild.lock import read_lock
-from tests import engine_daemon, registry_server
+from tests import registry_server
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +51,8 @@ def built_tags(engine, ref: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_one_recipe_builds_amd64_and_arm64_into_one_reproducible_index_pushed_as_one_tag(engine, tmp_path):
+def test_one_recipe_builds_amd64_and_arm64_into_one_reproducible_index_pushed_as_one_tag(
+        engine, fresh_runner, tmp_path, monkeypatch):
     why = emulation_problem() or (", ".join(registry_server.missing_tools()) or None)
     if why:
         unavailable(why)
@@ -74,11 +78,12 @@ def test_one_recipe_builds_amd64_and_arm64_into_one_reproducible_index_pushed_as
         assert machine == "aarch64"
 
         first = export(ref, tmp_path / "first")
-        # Two builds, one index: the second from an empty builder cache.
-        subprocess.run([DOCKER, "builder", "prune", "-af"], check=True, capture_output=True)
-        again = platforms.build(MULTI, engine, tag=ref, rebuild=True)
+        # Two builds, one index: the second on a fresh engine, from an empty builder cache (nothing to reuse).
+        again = platforms.build(MULTI, DockerEngine(host=fresh_runner.host), tag=ref)
         assert not any(one.reused for one in again.platforms.values())
-        second = export(ref, tmp_path / "second")
+        with monkeypatch.context() as there:
+            there.setenv("DOCKER_HOST", fresh_runner.host)  # export-oci's engine
+            second = export(ref, tmp_path / "second")
         assert second == first
 
         target = f"{server.host}/team/cuda-toolchain:13.0"
@@ -122,31 +127,26 @@ engine = "{endpoint}"
 """
 
 
-def test_a_platform_is_built_on_its_own_engine_and_copied_back(engine, write_recipe):
-    why = engine_daemon.why_not()
-    if why:
-        unavailable(why)
+def test_a_platform_is_built_on_its_own_engine_and_copied_back(engine, fresh_runner, write_recipe):
     tag = f"remote-{PID}"
     ref = f"imagebuild-test/remote-builder:{tag}"
-    daemon = engine_daemon.start_daemon()
     try:
-        recipe = write_recipe(TINY.format(tag=tag, endpoint=daemon.host), name="remote-builder")
+        recipe = write_recipe(TINY.format(tag=tag, endpoint=fresh_runner.host), name="remote-builder")
         # No smoke: the probe fails an image without a CUDA toolchain by design; the slow test smokes.
         report = platforms.build(recipe, engine, run_smoke=False)
         one = report.platforms["amd64"]
         assert "copy" in one.seconds and one.smoke is None
-        assert daemon.docker("run", "--rm", "--network", "none", one.image, "python", "-c",
-                             "import six; print(six.__version__)").stdout.strip() == "1.16.0"
+        assert fresh_runner.docker("run", "--rm", "--network", "none", one.image, "python", "-c",
+                                   "import six; print(six.__version__)").stdout.strip() == "1.16.0"
         # Built there (the builder holds it), and here under the same id for export-oci and push.
-        there = json.loads(daemon.docker("image", "inspect", one.image).stdout)[0]["Id"]
+        there = json.loads(fresh_runner.docker("image", "inspect", one.image).stdout)[0]["Id"]
         assert there == one.image_id == engine.inspect(one.image).id == engine.inspect(ref).id
         # Negative control: an endpoint with no engine behind it stops the build and tags nothing.
-        dead = write_recipe(TINY.format(tag=tag + "-dead", endpoint=f"unix://{daemon.root}/nothing.sock"),
+        dead = write_recipe(TINY.format(tag=tag + "-dead", endpoint=f"unix://{fresh_runner.root}/nothing.sock"),
                             name="remote-dead")
         with pytest.raises(EngineUnavailable, match="nothing.sock"):
             platforms.build(dead, engine, run_smoke=False)
         assert engine.inspect(f"imagebuild-test/remote-builder:{tag}-dead-amd64") is None
     finally:
-        daemon.stop()
         for name in built_tags(engine, ref):
             subprocess.run([DOCKER, "rmi", name], capture_output=True)

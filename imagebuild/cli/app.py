@@ -16,8 +16,8 @@ from pathlib import Path
 from rich.console import Console
 
 from imagebuild import __version__, pipeline, platforms
-from imagebuild.cli.output import (Progress, line, make_console, print_error, print_findings, print_patch_results,
-                                   print_smoke)
+from imagebuild.cli.output import (Progress, line, make_console, print_base_moves, print_error, print_findings,
+                                   print_patch_results, print_smoke)
 from imagebuild.engine.contract import BuildCache
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildError, SmokeFailed
 from imagebuild.publish.by_lock import RegistryTarget
@@ -74,12 +74,17 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
         cmd.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
         return cmd
 
-    cmd = command("check", "validate a recipe and print compatibility findings (no build)")
+    cmd = command("check", "validate a recipe and print compatibility findings (no build); with its lock, "
+                           "whether the lock is fresh and which base packages have updates waiting")
     cmd.add_argument("recipe", type=Path)
+    cmd.add_argument("--lock", type=Path, help="lock path (default: lockfiles/NAME.lock beside recipes/)")
 
     cmd = command("lock", "resolve a recipe into lockfiles/NAME.lock (every wheel hashed)")
     cmd.add_argument("recipe", type=Path)
     cmd.add_argument("--lock", type=Path, help="lock path (default: lockfiles/NAME.lock beside recipes/)")
+    cmd.add_argument("--upgrade-base", action="store_true",
+                     help="move the Debian base to its suites' current state (security fixes included), "
+                          "keeping every Python pin, and print what moved")
 
     cmd = command("render", "write the Dockerfile and build context to inspect")
     cmd.add_argument("recipe", type=Path)
@@ -140,7 +145,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         return args.handler(args, out, err)
     progress = Progress(err)
     if args.command == "check":
-        report = pipeline.check(args.recipe)
+        with progress.spinning("checking"):
+            report = pipeline.check(args.recipe, lock_path=args.lock, progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
         else:
@@ -151,11 +157,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if args.command == "lock":
         with progress.spinning("locking"):
-            report = platforms.lock(args.recipe, lock_path=args.lock, progress=progress)
+            report = platforms.lock(args.recipe, lock_path=args.lock, upgrade_base=args.upgrade_base,
+                                    progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
         else:
             print_findings(out, report.findings)
+            print_base_moves(out, report.base_moves, asked=args.upgrade_base)
             for name, entry in (report.platforms or {}).items():
                 out.print(line(f"  {name}: {entry['packages']} wheels for ", entry["python_platform"]))
             out.print(line(report.lock_path, f": {report.packages} wheels, "

@@ -93,6 +93,17 @@ def print_patch_results(console: Console, results: Iterable) -> None:
             console.print(line("  ", (literal(problem), "dim")))
 
 
+def print_base_moves(console: Console, moves: list, *, asked: bool) -> None:
+    """What moving the base changed, one package a line; said also when nothing moved."""
+    if asked and not moves:
+        console.print(line(("base: nothing moved", "green"), " (every locked package is the newest its suites have)"))
+    for move in moves:
+        arch = f"linux/{move['arch']}: " if move.get("arch") else ""
+        old, new = move.get("old") or "(not installed)", move.get("new") or "(removed)"
+        console.print(line(("base: ", "cyan"), arch, str(move["package"]), " ", str(old), " -> ", str(new),
+                           ("  from ", "dim"), (literal(move.get("suite")), "dim")))
+
+
 def print_doctor(console: Console, report) -> None:
     """doctor's report: the target, then each finding with its fix, then the verdict."""
     host = report.host

@@ -16,14 +16,15 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from imagebuild import payload
-from imagebuild.bases import BaseIdentity
+from imagebuild.base.debian import valid_version
+from imagebuild.base.identity import BaseIdentity, LockedDeb, LockedSuite
 from imagebuild.common import write_atomic
 from imagebuild.errors import LockError, StaleLock
 from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.model import Recipe
 from imagebuild.recipe.reader import meaning_sha256, parse_toml, read_source
 
-LOCK_VERSION = 1
+LOCK_VERSION = 2  # 2: the Debian base locked by package (every .deb's pool file and sha256)
 
 
 @dataclass(frozen=True)
@@ -331,21 +332,64 @@ class _Reader:
         kind = self.string(table, "kind", "base")
         if kind not in ("debian", "image"):
             self.fail("base.kind", f"{kind!r} is not debian or image")
-        packages = self.table(table.get("packages", {}), "base.packages")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in packages.items()):
-            self.fail("base.packages", "expected package -> version strings")
         arch = self.string(table, "arch", "base")
         if arch not in ("amd64", "arm64"):
             self.fail("base.arch", f"{arch!r} is not amd64 or arm64")
         fields = dict(kind=kind, python=self.string(table, "python", "base"),
                       glibc=self.string(table, "glibc", "base"), arch=arch,
-                      python_path=self.string(table, "python_path", "base"), packages=packages)
-        if kind == "debian":
-            fields.update(suite=self.string(table, "suite", "base"),
-                          rootfs_sha256=self.sha(table, "rootfs_sha256", "base"))
-        else:
-            fields["ref"] = self.string(table, "ref", "base")
-        return BaseIdentity(**fields)
+                      python_path=self.string(table, "python_path", "base"))
+        if kind == "image":
+            return BaseIdentity(**fields, ref=self.string(table, "ref", "base"))
+        suites = tuple(self.suite(item, f"base.suites[{i}]")
+                       for i, item in enumerate(self.array(table.get("suites"), "base.suites")))
+        if not suites:
+            self.fail("base.suites", "names no suite")
+        names = {suite.name for suite in suites}
+        debs = tuple(self.deb(item, f"base.debs[{i}]", names, arch)
+                     for i, item in enumerate(self.array(table.get("debs"), "base.debs")))
+        seen: set[str] = set()
+        for i, deb in enumerate(debs):
+            if deb.name in seen:
+                self.fail(f"base.debs[{i}]", f"{deb.name} is locked twice")
+            seen.add(deb.name)
+        if not debs:
+            self.fail("base.debs", "locks no package")
+        return BaseIdentity(**fields, suite=self.string(table, "suite", "base"),
+                            rootfs_sha256=self.sha(table, "rootfs_sha256", "base"),
+                            inputs_sha256=self.sha(table, "inputs_sha256", "base"),
+                            suites=suites, debs=tuple(sorted(debs, key=lambda d: d.name)))
+
+    def suite(self, item, key: str) -> LockedSuite:
+        item = self.table(item, key)
+        components = self.array(item.get("components"), f"{key}.components")
+        if not components or not all(isinstance(c, str) and c for c in components):
+            self.fail(f"{key}.components", "expected a non-empty list of component names")
+        return LockedSuite(name=self.string(item, "name", key), components=tuple(components),
+                           date=self.string(item, "date", key))
+
+    def deb(self, item, key: str, suites: set[str], arch: str) -> LockedDeb:
+        item = self.table(item, key)
+        name = self.string(item, "name", key)
+        version = self.string(item, "version", key)
+        if not valid_version(version):
+            self.fail(f"{key}.version", f"{version!r} is not a Debian version (package {name})")
+        deb_arch = self.string(item, "arch", key)
+        if deb_arch not in (arch, "all"):
+            self.fail(f"{key}.arch", f"{deb_arch!r} is neither {arch} nor all (package {name})")
+        filename = self.string(item, "filename", key)
+        parts = filename.split("/")
+        if parts[0] != "pool" or ".." in parts or "" in parts:
+            self.fail(f"{key}.filename", f"{filename!r} is not a path under pool/ (package {name})")
+        # The pool file is NAME_VERSION_ARCH.deb (epoch dropped, ':' escaped): an edited version shows.
+        expected = f"{name}_{version.split(':', 1)[-1]}_{deb_arch}.deb"
+        if parts[-1] not in (expected, expected.replace(":", "%3a")):
+            self.fail(f"{key}", f"package {name} {version} ({deb_arch}) does not match its pool file "
+                      f"{parts[-1]!r}: the lock was edited by hand")
+        suite = self.string(item, "suite", key)
+        if suite not in suites:
+            self.fail(f"{key}.suite", f"{suite!r} is not one of base.suites (package {name})")
+        return LockedDeb(name=name, version=version, arch=deb_arch, filename=filename,
+                         sha256=self.sha(item, "sha256", key), size=self.integer(item, "size", key), suite=suite)
 
 
 def stale_reasons(lock: Lock, recipe: Recipe) -> list[str]:

@@ -16,7 +16,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from imagebuild import __version__
-from imagebuild.bases import BaseIdentity
+from imagebuild.base.identity import BaseIdentity
 from imagebuild.common import MACHINES, cache_dir, host_arch
 from imagebuild.errors import LockError, ResolveFailed, ToolMissing
 from imagebuild.lock.lockfile import (Lock, LockedPatch, LockedWheel, payload_sha256, recipe_sha256, sha256_bytes,

@@ -28,11 +28,21 @@ from imagebuild.recipe.reader import Key, RecipeReader, parse_toml, read_source,
 
 @dataclass(frozen=True)
 class DebianBase:
-    """A Debian suite bootstrapped with mmdebstrap from Debian's packages."""
+    """A Debian suite bootstrapped with mmdebstrap from exactly the .debs its lock names."""
 
     suite: str  # "bookworm"
     packages: tuple[str, ...] = ()  # extra Debian packages, sorted, deduplicated
     arch: str = "amd64"  # Debian architecture name
+    suites: tuple[str, ...] = ()  # the apt suites packages come from; () means default_suites()
+    components: tuple[str, ...] = ("main",)
+    mirror: str | None = None  # archive root for every suite but *-security; None: the host's apt sources
+    security_mirror: str | None = None  # archive root for *-security suites
+    snapshot: str | None = None  # a snapshot service's root, tried for a .deb no mirror has any more
+
+    @property
+    def apt_suites(self) -> tuple[str, ...]:
+        """Security fixes are pins like any other: the default takes updates and security too."""
+        return self.suites or (self.suite, f"{self.suite}-updates", f"{self.suite}-security")
 
 
 @dataclass(frozen=True)
@@ -132,7 +142,7 @@ _PLATFORM_KEYS = ("cuda_archs", "engine")
 _ENGINE_SCHEMES = ("unix", "tcp", "ssh")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _IMAGE_KEYS = ("name", "tag")
-_DEBIAN_KEYS = ("debian", "packages", "arch")
+_DEBIAN_KEYS = ("debian", "packages", "arch", "suites", "components", "mirror", "security_mirror", "snapshot")
 _IMAGE_BASE_KEYS = ("image", "python", "glibc", "python_path")
 _PYTHON_KEYS = ("requirements", "constraints", "exclude", "extra_index_urls", "exclude_newer", "layers")
 _CUDA_KEYS = ("toolkit", "archs", "min_driver")
@@ -299,7 +309,28 @@ def _debian_base(read: RecipeReader, table: dict) -> DebianBase:
     if arch is not None and arch not in DEBIAN_ARCHS:
         raise read.error(key + ("arch",), f"{show(arch)} is not a supported architecture",
                          hint=f"one of: {', '.join(DEBIAN_ARCHS)}")
-    return DebianBase(suite=suite, packages=tuple(sorted(set(packages))), arch=arch or "amd64")
+    suites = read.strings(table, key + ("suites",))
+    for index, name in enumerate(suites):
+        if not (name == suite or name.startswith(suite + "-")) or not _DEBIAN_PACKAGE.fullmatch(name):
+            raise read.error(key + ("suites", index), f"{show(name)} is not a suite of Debian {suite}",
+                             hint=f'e.g. "{suite}", "{suite}-updates", "{suite}-security"')
+    if table.get("suites") is not None and suite not in suites:
+        raise read.error(key + ("suites",), f"names no {suite} suite itself: its Essential and "
+                         "required packages decide the base", hint=f'add "{suite}"')
+    components = read.strings(table, key + ("components",)) or ["main"]
+    for index, name in enumerate(components):
+        if not _DEBIAN_PACKAGE.fullmatch(name):
+            raise read.error(key + ("components", index), f"{show(name)} is not a component name",
+                             hint='e.g. "main", "contrib", "non-free-firmware"')
+    urls = {}
+    for name in ("mirror", "security_mirror", "snapshot"):
+        value = read.string(table, key + (name,))
+        if value is not None and not re.fullmatch(r"(https?|file)://\S+", value):
+            raise read.error(key + (name,), f"{show(value)} is not an http(s):// or file:// URL",
+                             hint="the archive's root, the folder that holds dists/ and pool/")
+        urls[name] = value.rstrip("/") if value else None
+    return DebianBase(suite=suite, packages=tuple(sorted(set(packages))), arch=arch or "amd64",
+                      suites=tuple(dict.fromkeys(suites)), components=tuple(dict.fromkeys(components)), **urls)
 
 
 def _image_base(read: RecipeReader, table: dict) -> ImageBase:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild.bases import ensure_base_image
+from imagebuild.bootstrap import ensure_base_image
 from imagebuild.engine.build_log import build_failure, failed_step
 from imagebuild.lock import read_lock
 from imagebuild.recipe import load_recipe

@@ -58,7 +58,7 @@ COPY imagebuild/probe.pyz imagebuild/expect.json imagebuild/lock.json /opt/image
 LABEL "io.imagebuild.base"="imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee" \
     "io.imagebuild.cuda"="13.0" \
     "io.imagebuild.cuda.archs"="sm_120a" \
-    "io.imagebuild.lock.sha256"="55b6ba832a7ffb7a3e6f1c97386beea8b5cacf063a2e99346680cac64ba3d12d" \
+    "io.imagebuild.lock.sha256"="be649e17c68ae4dce5c71eec848e80cc9efc97ba96682e69bcfd730a6fed34bb" \
     "io.imagebuild.patches"="sgl-deep-gemm:ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff" \
     "io.imagebuild.recipe"="cuda-toolchain" \
     "io.imagebuild.recipe.sha256"="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" \

@@ -1,8 +1,10 @@
-"""The reproducibility promise, end to end on the real engine: two builds of one lock with the
-builder cache pruned between them give one OCI manifest digest; a step that writes the date is
-caught and named; a changed file fails verify; buildah builds the same context.
+"""The reproducibility promise, end to end on the real engine: two builds of one lock, the second on a
+fresh engine of this module's own (empty builder cache and image store: tests/engine_daemon.py), give
+one OCI manifest digest; a step that writes the date is caught and named; a changed file fails
+verify; buildah builds the same context.
 
-Every image made here has a tag with this process's id and is removed at the end.
+Every image made in the session's engine has a tag with this process's id and is removed at the end;
+the fresh engine goes with everything in it. Nothing of the session engine's builder cache is pruned.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.bases import ensure_base_image
+from imagebuild.bootstrap import ensure_base_image
 from imagebuild.cli import app as cli
 from imagebuild.engine.docker import DockerEngine
 from imagebuild.errors import EngineUnavailable, ToolMissing
@@ -51,10 +53,6 @@ class Builds:
     lock: Path  # a copy of the lock they were built from: others may relock meanwhile
 
 
-def prune_builder_cache() -> None:
-    subprocess.run(["docker", "builder", "prune", "-af"], check=True, capture_output=True)
-
-
 def run_cli(argv: list[str], monkeypatch, capsys) -> tuple[int, dict]:
     monkeypatch.setattr(cli, "EXTENSIONS", tuple(dict.fromkeys(cli.EXTENSIONS + ("imagebuild.cli.repro",))))
     capsys.readouterr()
@@ -74,6 +72,12 @@ def engine():
     except (EngineUnavailable, ToolMissing) as err:
         pytest.skip(str(err))
     return docker
+
+
+@pytest.fixture(scope="module")
+def fresh_engine(fresh_runner_for_module):
+    """Where a build runs cold: a second engine, nothing in its builder cache or store."""
+    return DockerEngine(host=fresh_runner_for_module.host)
 
 
 def test_a_missing_image_is_bad_input_not_a_traceback(engine, monkeypatch, capsys, tmp_path):
@@ -102,23 +106,23 @@ def build_tagged(engine, context: Path, ref: str, made: list[str]) -> tuple[str,
 
 
 @pytest.fixture(scope="module")
-def builds(engine, made, tmp_path_factory) -> Builds:
+def builds(engine, fresh_engine, made, tmp_path_factory) -> Builds:
     tmp = tmp_path_factory.mktemp("repro")
     lock_path = tmp / LOCK.name
     shutil.copyfile(LOCK, lock_path)
     recipe, lock = load_recipe(RECIPE), read_lock(lock_path)
     ensure_fresh(lock, recipe, lock_path)
-    ensure_base_image(lock.base, recipe.base, engine)
     contexts = [render_context(lock, recipe, tmp / f"context-{n}", uv_path=uv_binary(),
                                lock_text=lock_path.read_text()) for n in "ab"]
     assert tree(contexts[0]) == tree(contexts[1]), "rendering the same lock twice gave two contexts"
     cache = export.LayerCache(tmp / "cache" / "oci")
     done = []
-    for name, context in zip("ab", contexts):
-        prune_builder_cache()
+    # b is built where no step of a's ever ran; the fresh engine imports the base itself, as a new runner does.
+    for name, where, owned, context in (("a", engine, made, contexts[0]), ("b", fresh_engine, [], contexts[1])):
+        ensure_base_image(lock.base, recipe.base, where)
         ref = f"{REPO}:{name}"
-        image_id, seconds = build_tagged(engine, context, ref, made)
-        layout = export.export_layout(engine, ref, tmp / f"layout-{name}", cache=cache)
+        image_id, seconds = build_tagged(where, context, ref, owned)
+        layout = export.export_layout(where, ref, tmp / f"layout-{name}", cache=cache)
         done.append(Build(ref, image_id, seconds, layout))
     for b in done:
         print(f"\nREPRO {b.ref}: built in {b.seconds:.1f} s (docker id {b.image_id[:19]}), exported in "
@@ -166,17 +170,19 @@ def test_sbom_of_the_layout_is_attached(builds, monkeypatch, capsys):
     assert oci.read_layout(builds.b.layout.path).manifest_digest == builds.b.layout.manifest_digest
 
 
-def test_a_step_that_writes_the_date_is_caught_and_named(engine, builds, made, monkeypatch, capsys):
+def test_a_step_that_writes_the_date_is_caught_and_named(engine, fresh_engine, builds, made, monkeypatch, capsys):
     context = builds.tmp / "dated"
     context.mkdir()
     (context / "Dockerfile").write_text(f"FROM {builds.a.ref}\nRUN date +%s%N > /opt/stamp && "
                                         "echo stable > /opt/stable\n")
+    # The second build runs where this step never ran, FROM the fresh engine's own build of the lock
+    # (layer for layer a's, as the first test shows) under a's name.
+    fresh_engine.tag(builds.b.image_id, builds.a.ref)
     layouts = []
-    for name in ("dated-1", "dated-2"):
-        prune_builder_cache()
+    for name, where, owned in (("dated-1", engine, made), ("dated-2", fresh_engine, [])):
         ref = f"{REPO}:{name}"
-        build_tagged(engine, context, ref, made)
-        layouts.append(export.export_layout(engine, ref, builds.tmp / name, cache=builds.cache))
+        build_tagged(where, context, ref, owned)
+        layouts.append(export.export_layout(where, ref, builds.tmp / name, cache=builds.cache))
     one, two = layouts
     assert one.diff_ids[:-1] == two.diff_ids[:-1] == builds.a.layout.diff_ids
     assert one.diff_ids[-1] != two.diff_ids[-1] and one.manifest_digest != two.manifest_digest

@@ -16,7 +16,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imagebuild.bases import BaseIdentity
+from tests.fake_base import debian_identity
 from imagebuild.image import oci, verify
 from imagebuild.image.normalize import LayerError
 from imagebuild.lock import Lock, LockedPatch, LockedWheel, write_lock
@@ -45,8 +45,7 @@ def dist_members(name="demo", version="1.0", code=b"print('hi')\n", patched=Fals
 
 
 def demo_lock(patches=()) -> Lock:
-    base = BaseIdentity(kind="debian", python="3.11", glibc="2.36", arch="amd64", suite="bookworm",
-                        rootfs_sha256="e" * 64, packages={"libc6": "2.36-9"})
+    base = debian_identity({"libc6": "2.36-9"})
     wheel = LockedWheel(name="demo", version="1.0", filename="demo-1.0-py3-none-any.whl",
                         sha256="d" * 64, size=10, layer="application")
     return Lock(recipe="demo", recipe_sha256="f" * 64, tool_version="0.1.0", template_sha256="a" * 64,

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import imagebuild.lock.lockfile as lock_module
-from imagebuild.bases import BaseIdentity
+from tests.fake_base import debian_identity
 from imagebuild.errors import LockError, ResolveFailed, StaleLock
 from imagebuild.lock import (Lock, LockedWheel, ensure_fresh, parse_lock, parse_pylock, read_lock, resolve_lock,
                              write_lock)
@@ -21,9 +21,7 @@ from imagebuild.recipe.model import load_recipe
 from tests.json_fuzz import json_values, replace_one_field
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "locks"
-BOOKWORM = BaseIdentity(kind="debian", suite="bookworm", arch="amd64", python="3.11", glibc="2.36",
-                        rootfs_sha256="e" * 64, packages={"libc6": "2.36-9+deb12u14",
-                                                          "python3": "3.11.2-1+b1"})
+BOOKWORM = debian_identity({"libc6": "2.36-9+deb12u14", "python3": "3.11.2-1+b1"})
 PLAN = LayerPlan(overrides={}, application=frozenset({"sgl-deep-gemm"}))
 
 SMALL = """\
@@ -76,7 +74,7 @@ def test_lock_round_trips_byte_identically():
     again = parse_lock(text, "x.lock")
     assert again == lock
     assert again.to_json() == text
-    assert text.endswith("\n") and json.loads(text)["lock_version"] == 1
+    assert text.endswith("\n") and json.loads(text)["lock_version"] == 2
 
 
 def test_write_lock_replaces_atomically(tmp_path):

@@ -42,7 +42,7 @@ def locked(write_recipe, tmp_path):
     path = write_recipe(RECIPE)
     (path.parent / "requests.patch").write_text("--- a/requests/__init__.py\n+++ b/requests/__init__.py\n")
     # The first lock needs a patch that applies: take requests' wheel via a plain resolve first.
-    from imagebuild.bases import identify
+    from imagebuild.bootstrap import identify
     from imagebuild.lock import resolve_lock
     first = resolve_lock(load_recipe(path), identify(load_recipe(path).base))
     (path.parent / "requests.patch").write_text(good_patch(first))

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 
 import pytest
@@ -21,7 +20,7 @@ from imagebuild.engine.buildah import cache_flags as buildah_flags
 from imagebuild.engine.contract import BuildCache
 from imagebuild.engine.docker import DockerEngine, cache_flags as docker_flags
 from imagebuild.image.export import BUILDKIT_CACHE_KEY, normalized_config
-from tests import engine_daemon, registry_server
+from tests import registry_server
 from tests.test_build import _copy_recipe
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -67,20 +66,6 @@ def registry(tmp_path):
     server = registry_server.start_registry(tmp_path / "registry")
     yield server
     server.stop()
-
-
-@pytest.fixture
-def fresh_runner():
-    why = engine_daemon.why_not()
-    if why:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
-    docker0 = subprocess.run(["ip", "-br", "link", "show", "docker0"], capture_output=True, text=True).stdout
-    daemon = engine_daemon.start_daemon()
-    yield daemon
-    daemon.stop()
-    # The session engine's bridge outlives the second engine (a dockerd with --bridge none deletes it).
-    after = subprocess.run(["ip", "-br", "link", "show", "docker0"], capture_output=True, text=True).stdout
-    assert after.split()[:1] == docker0.split()[:1], "the second engine took docker0 with it"
 
 
 def cache_diff_ids(registry, reference: str) -> tuple[list[str], dict]:

@@ -1,0 +1,169 @@
+"""Stage 2b, bootstrap: a Debian base resolved from its suites into a lock's identity, and rebuilt
+from that identity on any host, any day, while its .debs can be fetched.
+
+    sources.py  where each suite is served: the recipe's mirror, else the host's apt sources
+    mirror.py   Release, Packages and .debs fetched and checked against their sha256 (cache, mirror, snapshot)
+    resolve.py  which .debs: apt's resolver over the fetched indices, in a private configuration
+    rootfs.py   a local repository of exactly the locked .debs, bootstrapped with mmdebstrap
+
+May import: base, engine, recipe, common, errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import replace
+from typing import Callable
+
+from imagebuild.base.debian import compare_versions
+from imagebuild.base.identity import BaseIdentity, LockedSuite
+from imagebuild.bootstrap.mirror import Archives
+from imagebuild.bootstrap.resolve import resolve_debs
+from imagebuild.bootstrap.rootfs import BOOTSTRAP_FORMAT, DPKG_EXCLUDES, bootstrap_locked, rootfs_path
+from imagebuild.bootstrap.sources import HOST_SOURCES, suite_uris
+from imagebuild.common import BOOTSTRAP_EPOCH, sha256_file
+from imagebuild.errors import ImagebuildError, LockError
+from imagebuild.recipe.model import DebianBase, ImageBase
+
+# What every Debian base needs besides the recipe's packages: the interpreter and TLS roots.
+REQUIRED_PACKAGES = ("ca-certificates", "python3")
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def bootstrap_inputs(base: DebianBase) -> dict:
+    """What was asked of a Debian base; a locked base is kept while these stay the same."""
+    return {"format": BOOTSTRAP_FORMAT, "suite": base.suite, "suites": list(base.apt_suites),
+            "components": list(base.components), "arch": base.arch, "variant": "minbase",
+            "packages": sorted(set(REQUIRED_PACKAGES) | set(base.packages)),
+            "dpkg_excludes": list(DPKG_EXCLUDES), "epoch": BOOTSTRAP_EPOCH}
+
+
+def inputs_sha256(base: DebianBase) -> str:
+    return hashlib.sha256(json.dumps(bootstrap_inputs(base), sort_keys=True).encode()).hexdigest()
+
+
+def archives(base: DebianBase) -> Archives:
+    return Archives(suite_uris(base, HOST_SOURCES), base.snapshot)
+
+
+def _major_minor(debian_version: str) -> str:
+    """`2.36-9+deb12u14` -> `2.36`; `3.11.2-1+b1` -> `3.11` (epoch dropped)."""
+    match = re.match(r"^(\d+)\.(\d+)", debian_version.split(":", 1)[-1])
+    if not match:
+        raise ImagebuildError(f"cannot read a major.minor from Debian version {debian_version!r}")
+    return f"{match.group(1)}.{match.group(2)}"
+
+
+def suites_now(base: DebianBase, where: Archives, progress: Progress = _quiet):
+    """Each suite's Release and its indices as the sources serve them now: (LockedSuite, [(suite, text, entries)])."""
+    locked, indices = [], []
+    for suite in base.apt_suites:
+        release = where.release(suite)
+        progress(f"reading {suite} ({release.date})")
+        locked.append(LockedSuite(suite, base.components, release.date))
+        for component in base.components:
+            text, entries = where.packages(suite, release, component, base.arch)
+            indices.append((suite, text, entries))
+    return tuple(locked), indices
+
+
+def resolve_base(base: DebianBase, progress: Progress = _quiet) -> BaseIdentity:
+    """The base as its suites stand today: apt's picks, each .deb fetched and checked, bootstrapped once
+    from exactly those to learn the rootfs sha256 the lock will check."""
+    where = archives(base)
+    suites, indices = suites_now(base, where, progress)
+    asked = sorted(set(REQUIRED_PACKAGES) | set(base.packages))
+    debs = resolve_debs(indices, asked, base.arch)
+    for required in ("libc6", "python3"):
+        if required not in {deb.name for deb in debs}:
+            raise LockError(f"the {base.suite} base resolves without {required}")
+    versions = {deb.name: deb.version for deb in debs}
+    identity = BaseIdentity(kind="debian", suite=base.suite, arch=base.arch, python=_major_minor(versions["python3"]),
+                            glibc=_major_minor(versions["libc6"]), inputs_sha256=inputs_sha256(base),
+                            suites=suites, debs=debs, rootfs_sha256="0" * 64)
+    tar = locked_rootfs(identity, base, progress, check=False)
+    return replace(identity, rootfs_sha256=sha256_file(tar))
+
+
+def identify(base: DebianBase | ImageBase, locked: BaseIdentity | None = None, *, upgrade: bool = False,
+             progress: Progress = _quiet) -> BaseIdentity:
+    """The base a lock records: an image by digest; a Debian base kept as locked (as uv keeps pins)
+    unless what was asked changed or `upgrade` moves it to the sources' current state."""
+    if isinstance(base, ImageBase):
+        return BaseIdentity(kind="image", ref=base.ref, python=base.python, glibc=base.glibc,
+                            arch="amd64", python_path=base.python_path)
+    if locked is not None and not upgrade and locked.kind == "debian" and locked.inputs_sha256 == inputs_sha256(base):
+        return locked
+    return resolve_base(base, progress)
+
+
+def locked_rootfs(identity: BaseIdentity, base: DebianBase, progress: Progress = _quiet, *, check: bool = True):
+    """The rootfs tar of a locked Debian base: its .debs fetched (cache, mirror, snapshot) and checked,
+    bootstrapped, and its sha256 compared with the lock's."""
+    files = archives(base).fetch_debs(identity.debs, identity.suites, progress)
+    tar = bootstrap_locked(identity, files, progress)
+    if check:
+        actual = sha256_file(tar)
+        if actual != identity.rootfs_sha256:
+            tar.unlink()
+            raise ImagebuildError(
+                f"the Debian {identity.suite}/{identity.arch} rootfs bootstrapped from the lock's "
+                f"{len(identity.debs)} .debs has sha256 {actual[:16]}…, not the locked "
+                f"{identity.rootfs_sha256[:16]}…: every .deb matched its hash, so the bootstrap itself "
+                "differs (another mmdebstrap or dpkg than the one that locked it?). "
+                "Relock with `imagebuild lock RECIPE --upgrade-base` on this host")
+    return tar
+
+
+def ensure_base_image(identity: BaseIdentity, base: DebianBase | ImageBase, engine,
+                      progress: Progress = _quiet) -> str:
+    """Make the locked base present in the engine and return how to name it in FROM."""
+    ref = identity.image_ref
+    if identity.kind == "image" or engine.image_exists(ref):
+        return ref
+    tar = locked_rootfs(identity, base, progress)
+    progress(f"importing base {ref}")
+    engine.import_rootfs(tar, ref, arch=identity.arch)
+    return ref
+
+
+def base_moves(old: BaseIdentity, new: BaseIdentity) -> list[dict]:
+    """What moving the base changed: package, old -> new version, and the suite it now comes from."""
+    before, after = {d.name: d for d in old.debs}, {d.name: d for d in new.debs}
+    moves = []
+    for name in sorted(set(before) | set(after)):
+        was, now = before.get(name), after.get(name)
+        if was is None or now is None or was.version != now.version:
+            moves.append({"package": name, "old": was.version if was else None,
+                          "new": now.version if now else None, "suite": (now or was).suite})
+    return moves
+
+
+def pending_updates(identity: BaseIdentity, base: DebianBase, progress: Progress = _quiet) -> list[dict]:
+    """Locked packages that the locked suites now carry in a newer version, and in which suite."""
+    _, indices = suites_now(base, archives(base), progress)
+    newest: dict[str, tuple[str, str]] = {}
+    for suite, _, entries in indices:
+        for entry in entries:
+            if entry.arch not in (identity.arch, "all"):
+                continue
+            best = newest.get(entry.name)
+            if best is None or compare_versions(entry.version, best[0]) > 0:
+                newest[entry.name] = (entry.version, suite)
+    waiting = []
+    for deb in identity.debs:
+        version, suite = newest.get(deb.name, (deb.version, deb.suite))
+        if compare_versions(version, deb.version) > 0:
+            waiting.append({"package": deb.name, "locked": deb.version, "newest": version, "suite": suite})
+    return waiting
+
+
+__all__ = ["REQUIRED_PACKAGES", "base_moves", "bootstrap_inputs", "ensure_base_image", "identify",
+           "inputs_sha256", "locked_rootfs", "pending_updates", "resolve_base", "rootfs_path"]

@@ -1,0 +1,190 @@
+"""Fetching from Debian archives, every file checked against the sha256 that vouches for it.
+
+A suite's Release file vouches for its Packages indices; the indices (at lock time) and then the
+lock vouch for each .deb. A .deb is taken from imagebuild's cache, then the suite's mirror, then the
+recipe's snapshot mirror at the locked Release date; different bytes from any source are refused,
+naming the URL, and never fall through to the next.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import hashlib
+import lzma
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+from urllib.parse import unquote, urlsplit
+
+import requests
+
+from imagebuild.base.debian import PackageEntry, Release, parse_packages, parse_release, release_timestamp
+from imagebuild.base.identity import LockedDeb, LockedSuite
+from imagebuild.common import cache_dir
+from imagebuild.errors import BaseFetchFailed
+
+DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+_DECOMPRESS = {".xz": lzma.decompress, ".gz": gzip.decompress, ".bz2": bz2.decompress, "": lambda data: data}
+_TIMEOUT = (15, 120)
+
+Progress = Callable[[str], None]
+
+
+class Missing(Exception):
+    """A source answered that it has no such file (404/410, or no file at a file:// path)."""
+
+
+class Archives:
+    """The suites of one base, each at its archive root, plus an optional snapshot service."""
+
+    def __init__(self, uris: dict[str, str], snapshot: str | None = None, *,
+                 keyring: Path | None = DEBIAN_KEYRING, cache: Path | None = None):
+        self.uris = uris
+        self.snapshot = snapshot
+        self.keyring = keyring if keyring is not None and keyring.is_file() else None
+        self.cache = cache or cache_dir()
+        self._session = requests.Session()
+
+    # ------------------------------------------------------------ indices (lock time)
+
+    def release(self, suite: str) -> Release:
+        """The suite's Release: InRelease, its signature checked when a keyring is there, else Release."""
+        root = self.uris[suite]
+        for name in ("InRelease", "Release"):
+            url = f"{root}/dists/{suite}/{name}"
+            try:
+                data = self._get(url)
+            except Missing:
+                continue
+            if name == "InRelease" and self.keyring is not None:
+                self._verify_signature(data, url)
+            return parse_release(data.decode("utf-8", "replace"), url)
+        raise BaseFetchFailed(f"{root}/dists/{suite}/: neither InRelease nor Release is served: "
+                              f"is {root} the archive root of suite {suite!r}?")
+
+    def packages(self, suite: str, release: Release, component: str, arch: str) -> tuple[str, list[PackageEntry]]:
+        """The suite's Packages index for component/arch (its text and its entries), checked against
+        the Release's sha256."""
+        index = release.index(component, arch)
+        if index is None:
+            raise BaseFetchFailed(f"{self.uris[suite]}/dists/{suite}/Release lists no Packages index for "
+                                  f"{component}/binary-{arch}")
+        cached = self.cache / "debian-indices" / index.sha256
+        if not cached.is_file():
+            url = f"{self.uris[suite]}/dists/{suite}/{index.path}"
+            self._download(url, cached, index.sha256, index.size)
+        suffix = Path(index.path).suffix if Path(index.path).suffix in _DECOMPRESS else ""
+        try:
+            text = _DECOMPRESS[suffix](cached.read_bytes()).decode("utf-8", "replace")
+        except (OSError, EOFError, lzma.LZMAError, ValueError) as err:
+            raise BaseFetchFailed(f"{index.path} of {suite} does not decompress: {err}") from None
+        return text, parse_packages(text, f"{self.uris[suite]}/dists/{suite}/{index.path}")
+
+    def _verify_signature(self, data: bytes, url: str) -> None:
+        gpgv = shutil.which("gpgv")
+        if gpgv is None:
+            return
+        with tempfile.NamedTemporaryFile(suffix=".InRelease") as handle:
+            handle.write(data)
+            handle.flush()
+            proc = subprocess.run([gpgv, "--keyring", str(self.keyring), handle.name],
+                                  capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BaseFetchFailed(f"{url}: its signature does not verify against {self.keyring}:\n"
+                                  + proc.stderr.strip()[-1000:])
+
+    # ------------------------------------------------------------ .debs (build time)
+
+    def deb_path(self, deb: LockedDeb) -> Path:
+        return self.cache / "debs" / f"{deb.sha256}.deb"
+
+    def fetch_debs(self, debs: tuple[LockedDeb, ...], suites: tuple[LockedSuite, ...],
+                   progress: Progress = lambda _: None) -> dict[str, Path]:
+        """name -> local file of every locked .deb, each checked against its sha256 and size."""
+        missing = [deb for deb in debs if not self.deb_path(deb).is_file()]
+        if missing:
+            progress(f"fetching {len(missing)} of {len(debs)} locked .debs "
+                     f"({sum(d.size for d in missing) / 1e6:.0f} MB)")
+            dates = {suite.name: suite.date for suite in suites}
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                list(pool.map(lambda deb: self._fetch_deb(deb, dates.get(deb.suite)), missing))
+        return {deb.name: self.deb_path(deb) for deb in debs}
+
+    def deb_urls(self, deb: LockedDeb, date: str | None) -> list[str]:
+        """Where a locked .deb may be: its suite's mirror, then the snapshot at the locked date."""
+        urls = [f"{self.uris[deb.suite]}/{deb.filename}"] if deb.suite in self.uris else []
+        if self.snapshot and date:
+            archive = "debian-security" if deb.suite.endswith("-security") else "debian"
+            urls.append(f"{self.snapshot}/{archive}/{release_timestamp(date)}/{deb.filename}")
+        return urls
+
+    def _fetch_deb(self, deb: LockedDeb, date: str | None) -> None:
+        urls = self.deb_urls(deb, date)
+        for url in urls:
+            try:
+                self._download(url, self.deb_path(deb), deb.sha256, deb.size)
+                return
+            except Missing:
+                continue
+        tried = ", ".join(urls) or "no source (the lock's suite is not among the recipe's)"
+        raise BaseFetchFailed(
+            f"the locked Debian package {deb.name} {deb.version} ({deb.arch}) is on no source any more; "
+            f"tried {tried}. Move the base on with `imagebuild lock RECIPE --upgrade-base` (then rebuild), "
+            "or set [base].snapshot to a snapshot mirror that still has it", )
+
+    # ------------------------------------------------------------ transport
+
+    def _get(self, url: str) -> bytes:
+        if url.startswith("file:"):
+            path = Path(unquote(urlsplit(url).path))
+            if not path.is_file():
+                raise Missing(url)
+            return path.read_bytes()
+        try:
+            reply = self._session.get(url, timeout=_TIMEOUT)
+        except requests.RequestException as err:
+            raise BaseFetchFailed(f"{url}: {err}") from None
+        if reply.status_code in (404, 410):
+            raise Missing(url)
+        if reply.status_code != 200:
+            raise BaseFetchFailed(f"{url}: HTTP {reply.status_code}")
+        return reply.content
+
+    def _download(self, url: str, target: Path, sha256: str, size: int) -> None:
+        """Stream url into target (temp file + rename) when its bytes have this sha256 and size."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".partial", dir=target.parent)
+        digest, written = hashlib.sha256(), 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for block in self._chunks(url):
+                    digest.update(block)
+                    written += len(block)
+                    out.write(block)
+            if digest.hexdigest() != sha256 or written != size:
+                raise BaseFetchFailed(f"{url} served {written} bytes with sha256 {digest.hexdigest()}, "
+                                      f"not the {size} bytes with sha256 {sha256} that were locked: refused. "
+                                      "The mirror or something between is not serving Debian's file")
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def _chunks(self, url: str):
+        if url.startswith("file:"):
+            yield self._get(url)
+            return
+        try:
+            with self._session.get(url, timeout=_TIMEOUT, stream=True) as reply:
+                if reply.status_code in (404, 410):
+                    raise Missing(url)
+                if reply.status_code != 200:
+                    raise BaseFetchFailed(f"{url}: HTTP {reply.status_code}")
+                yield from reply.iter_content(1 << 20)
+        except requests.RequestException as err:
+            raise BaseFetchFailed(f"{url}: {err}") from None

@@ -1,0 +1,80 @@
+"""Which .debs a base is: apt's own resolver, run over the suites' indices and nothing else.
+
+mmdebstrap's minbase is the Essential set, Priority: required and apt; with the recipe's packages
+and imagebuild's own, apt (simulating, in a private configuration that reads none of the host's
+sources) picks the candidates from the fetched indices, and each pick is looked up there for its
+pool filename and sha256.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from imagebuild.base.debian import PackageEntry
+from imagebuild.base.identity import LockedDeb
+from imagebuild.errors import LockError, ToolMissing
+
+_INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) .*\[([^\]\s]+)\]\)", re.MULTILINE)
+
+
+def apt_config(root: Path, arch: str) -> str:
+    """An apt configuration confined to `root`: no host sources, preferences, status or parts."""
+    lines = {
+        "Dir": root, "Dir::State": root / "state", "Dir::State::lists": root / "lists",
+        "Dir::State::status": root / "status", "Dir::Cache": root / "cache",
+        "Dir::Etc": root / "etc", "Dir::Etc::SourceList": root / "etc/sources.list",
+        "Dir::Etc::SourceParts": root / "etc/sources.list.d", "Dir::Etc::Parts": root / "etc/apt.conf.d",
+        "Dir::Etc::Preferences": root / "etc/preferences", "Dir::Etc::PreferencesParts": root / "etc/preferences.d",
+        "Dir::Etc::Trusted": root / "etc/trusted.gpg", "Dir::Etc::TrustedParts": root / "etc/trusted.gpg.d",
+        "Dir::Log": root / "log", "APT::Architecture": arch, "APT::Install-Recommends": "false",
+        "APT::Install-Suggests": "false", "Debug::NoLocking": "true",
+    }
+    text = "".join(f'{key} "{value}";\n' for key, value in lines.items())
+    return text + f'APT::Architectures {{ "{arch}"; }};\nDir::Bin::Methods "/usr/lib/apt/methods";\n'
+
+
+def resolve_debs(indices: list[tuple[str, str, list[PackageEntry]]], asked: list[str], arch: str) -> tuple[LockedDeb, ...]:
+    """The .debs apt installs for minbase plus `asked`; indices are (suite, Packages text, entries),
+    earlier suites first."""
+    apt_get = shutil.which("apt-get")
+    if apt_get is None:
+        raise ToolMissing("apt-get is not installed: it resolves a Debian base's packages")
+    with tempfile.TemporaryDirectory(prefix="imagebuild-apt-") as tmp:
+        root = Path(tmp)
+        for folder in ("state", "lists/partial", "cache/archives/partial", "etc/sources.list.d",
+                       "etc/apt.conf.d", "etc/preferences.d", "etc/trusted.gpg.d", "log", "repo"):
+            (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / "status").write_text("")
+        (root / "repo/Packages").write_text("\n\n".join(text.strip("\n") for _, text, _ in indices) + "\n")
+        (root / "etc/sources.list").write_text(f"deb [trusted=yes] file:{root / 'repo'} ./\n")
+        (root / "apt.conf").write_text(apt_config(root, arch))
+        env = {**os.environ, "APT_CONFIG": str(root / "apt.conf"), "LC_ALL": "C.UTF-8"}
+        update = subprocess.run([apt_get, "-q", "update"], capture_output=True, text=True, env=env)
+        if update.returncode != 0:
+            raise LockError("apt-get could not read the suites' indices:\n" + update.stderr[-2000:])
+        proc = subprocess.run([apt_get, "-s", "-q", "install", "?essential", "?priority(required)", "apt", *asked],
+                              capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise LockError(f"apt cannot install {', '.join(asked)} with minbase from the locked suites:\n"
+                        + (proc.stdout + proc.stderr)[-3000:])
+    found: dict[tuple[str, str, str], LockedDeb] = {}
+    for suite, _, entries in reversed(indices):  # the earliest suite that lists a version wins
+        for entry in entries:
+            found[(entry.name, entry.version, entry.arch)] = LockedDeb(
+                name=entry.name, version=entry.version, arch=entry.arch, filename=entry.filename,
+                sha256=entry.sha256, size=entry.size, suite=suite)
+    picked = []
+    for name, version, deb_arch in _INST.findall(proc.stdout):
+        deb = found.get((name.split(":")[0], version, deb_arch))
+        if deb is None:
+            raise LockError(f"apt picked {name} {version} ({deb_arch}), which no fetched index lists")
+        picked.append(deb)
+    if not picked:
+        raise LockError("apt's plan installs nothing: the indices hold no Essential packages for "
+                        f"{arch}; its output:\n{proc.stdout[-2000:]}")
+    return tuple(sorted(picked, key=lambda deb: deb.name))
