@@ -77,7 +77,7 @@ class Archives:
         cached = self.cache / "debian-indices" / index.sha256
         if not cached.is_file():
             url = f"{self.uris[suite]}/dists/{suite}/{index.path}"
-            self._download(url, cached, index.sha256, index.size)
+            self._download(url, cached, index.sha256, index.size, vouched=f"{suite}'s Release file")
         suffix = Path(index.path).suffix if Path(index.path).suffix in _DECOMPRESS else ""
         try:
             text = _DECOMPRESS[suffix](cached.read_bytes()).decode("utf-8", "replace")
@@ -131,6 +131,8 @@ class Archives:
                 return
             except Missing:
                 continue
+            except BaseFetchFailed as err:
+                raise BaseFetchFailed(f"the locked Debian package {deb.name} {deb.version} ({deb.arch}): {err}") from None
         tried = ", ".join(urls) or "no source (the lock's suite is not among the recipe's)"
         raise BaseFetchFailed(
             f"the locked Debian package {deb.name} {deb.version} ({deb.arch}) is on no source any more; "
@@ -155,7 +157,7 @@ class Archives:
             raise BaseFetchFailed(f"{url}: HTTP {reply.status_code}")
         return reply.content
 
-    def _download(self, url: str, target: Path, sha256: str, size: int) -> None:
+    def _download(self, url: str, target: Path, sha256: str, size: int, vouched: str = "the lock") -> None:
         """Stream url into target (temp file + rename) when its bytes have this sha256 and size."""
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".partial", dir=target.parent)
@@ -168,7 +170,7 @@ class Archives:
                     out.write(block)
             if digest.hexdigest() != sha256 or written != size:
                 raise BaseFetchFailed(f"{url} served {written} bytes with sha256 {digest.hexdigest()}, "
-                                      f"not the {size} bytes with sha256 {sha256} that were locked: refused. "
+                                      f"not the {size} bytes with sha256 {sha256} that {vouched} names: refused. "
                                       "The mirror or something between is not serving Debian's file")
             os.replace(tmp, target)
         finally:

@@ -120,10 +120,11 @@ def build_sbom(lock: Lock, *, image_name: str, image_tag: str | None = None,
                                                 glibc=base.glibc)})
         depends[image_ref].append(os_ref)
         depends[os_ref] = []
-        for name, version in sorted(base.packages.items()):
-            purl = deb_purl(name, version, base.arch, base.suite)
-            components.append({"type": "library", "bom-ref": purl, "name": name, "version": version,
-                               "purl": purl})
+        for deb in base.debs:
+            purl = deb_purl(deb.name, deb.version, deb.arch, base.suite)
+            components.append({"type": "library", "bom-ref": purl, "name": deb.name, "version": deb.version,
+                               "purl": purl, "hashes": [{"alg": "SHA-256", "content": deb.sha256}],
+                               "properties": _props(suite=deb.suite, filename=deb.filename)})
             depends[os_ref].append(purl)
     else:
         components.append({"type": "container", "bom-ref": "base", "name": str(base.ref),

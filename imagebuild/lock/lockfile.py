@@ -141,10 +141,18 @@ def payload_sha256() -> str:
     return payload.checksum()
 
 
+# Where the base's .debs are fetched from is not what they are: the lock pins every file by sha256.
+FETCH_ONLY_BASE_KEYS = ("mirror", "security_mirror", "snapshot")
+
+
 def recipe_sha256(recipe: Recipe) -> str:
     """What the recipe means (recipe/reader.py's meaning_sha256), not its bytes: a comment or a
-    reformatting leaves a lock fresh, a changed value makes it stale."""
-    return meaning_sha256(parse_toml(read_source(recipe.path), recipe.path))
+    reformatting leaves a lock fresh, a changed value makes it stale; so does any key but the
+    mirrors the base is fetched from."""
+    data = parse_toml(read_source(recipe.path), recipe.path)
+    if isinstance(data.get("base"), dict):
+        data = {**data, "base": {k: v for k, v in data["base"].items() if k not in FETCH_ONLY_BASE_KEYS}}
+    return meaning_sha256(data)
 
 
 def default_lock_path(recipe: Recipe) -> Path:

@@ -1,6 +1,6 @@
-"""The reproducibility promise, end to end on the real engine: two builds of one lock, the second on a
-fresh engine of this module's own (empty builder cache and image store: tests/engine_daemon.py), give
-one OCI manifest digest; a step that writes the date is caught and named; a changed file fails
+"""The reproducibility promise, end to end on the real engine: two builds of the committed lock, the
+second as on a fresh machine (a private engine of this module's own, empty builder cache and image
+store: tests/engine_daemon.py; an empty imagebuild cache; no relock), give one OCI manifest digest; a step that writes the date is caught and named; a changed file fails
 verify; buildah builds the same context.
 
 Every image made in the session's engine has a tag with this process's id and is removed at the end;
@@ -25,6 +25,7 @@ from imagebuild.engine.docker import DockerEngine
 from imagebuild.errors import EngineUnavailable, ToolMissing
 from imagebuild.image import export, oci
 from imagebuild.lock import ensure_fresh, read_lock, uv_binary
+from imagebuild import pipeline
 from imagebuild.pipeline import ca_bundle, smoke
 from imagebuild.recipe.model import load_recipe
 from imagebuild.render import render_context, site_packages
@@ -51,6 +52,8 @@ class Builds:
     tmp: Path
     cache: export.LayerCache
     lock: Path  # a copy of the lock they were built from: others may relock meanwhile
+    fresh: "pipeline.BuildReport"  # b's build report
+    messages: list[str]  # b's progress
 
 
 def run_cli(argv: list[str], monkeypatch, capsys) -> tuple[int, dict]:
@@ -107,6 +110,9 @@ def build_tagged(engine, context: Path, ref: str, made: list[str]) -> tuple[str,
 
 @pytest.fixture(scope="module")
 def builds(engine, fresh_engine, made, tmp_path_factory) -> Builds:
+    """a: the committed lock rendered and built on the session's engine. b: `build` of the same
+    committed lock, no relock, as on a fresh machine: a private engine (no image, no builder cache)
+    and an empty imagebuild cache, so its base is bootstrapped from .debs fetched anew."""
     tmp = tmp_path_factory.mktemp("repro")
     lock_path = tmp / LOCK.name
     shutil.copyfile(LOCK, lock_path)
@@ -116,18 +122,35 @@ def builds(engine, fresh_engine, made, tmp_path_factory) -> Builds:
                                lock_text=lock_path.read_text()) for n in "ab"]
     assert tree(contexts[0]) == tree(contexts[1]), "rendering the same lock twice gave two contexts"
     cache = export.LayerCache(tmp / "cache" / "oci")
-    done = []
-    # b is built where no step of a's ever ran; the fresh engine imports the base itself, as a new runner does.
-    for name, where, owned, context in (("a", engine, made, contexts[0]), ("b", fresh_engine, [], contexts[1])):
-        ensure_base_image(lock.base, recipe.base, where)
-        ref = f"{REPO}:{name}"
-        image_id, seconds = build_tagged(where, context, ref, owned)
-        layout = export.export_layout(where, ref, tmp / f"layout-{name}", cache=cache)
-        done.append(Build(ref, image_id, seconds, layout))
-    for b in done:
-        print(f"\nREPRO {b.ref}: built in {b.seconds:.1f} s (docker id {b.image_id[:19]}), exported in "
-              f"{b.layout.seconds:.1f} s: manifest {b.layout.manifest_digest}")
-    return Builds(done[0], done[1], tmp, cache, lock_path)
+    ensure_base_image(lock.base, recipe.base, engine)
+    image_id, seconds = build_tagged(engine, contexts[0], f"{REPO}:a", made)
+    a = Build(f"{REPO}:a", image_id, seconds, export.export_layout(engine, f"{REPO}:a", tmp / "layout-a", cache=cache))
+
+    messages: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("IMAGEBUILD_CACHE", str(tmp / "empty-imagebuild-cache"))
+        started = time.monotonic()
+        report = pipeline.build(RECIPE, fresh_engine, lock_path=lock_path, tag=f"{REPO}:b", rebuild=True,
+                                progress=messages.append)
+        seconds = time.monotonic() - started
+    b = Build(report.image, report.image_id, seconds,
+              export.export_layout(fresh_engine, report.image, tmp / "layout-b", cache=cache))
+    for one in (a, b):
+        print(f"\nREPRO {one.ref}: built in {one.seconds:.1f} s (docker id {one.image_id[:19]}), exported in "
+              f"{one.layout.seconds:.1f} s: manifest {one.layout.manifest_digest}")
+    return Builds(a, b, tmp, cache, lock_path, report, messages)
+
+
+def test_the_committed_lock_builds_and_smokes_on_a_fresh_machine(builds, fresh_engine):
+    lock = read_lock(builds.lock)
+    report = builds.fresh
+    assert not report.reused and report.smoke.ok and not report.smoke.cached
+    fetched = f"fetching {len(lock.base.debs)} of {len(lock.base.debs)} locked .debs"
+    assert any(m.startswith(fetched) for m in builds.messages), builds.messages  # nothing came from a cache
+    base = fresh_engine.inspect(lock.base.image_ref)
+    assert base is not None and list(base.diff_ids) == [f"sha256:{lock.base.rootfs_sha256}"]
+    print(f"\nFRESH {len(lock.base.debs)} .debs fetched and bootstrapped to rootfs {lock.base.rootfs_sha256[:16]}…; "
+          f"{sum(1 for c in report.smoke.report['checks'] if c['status'] == 'pass')} smoke checks passed")
 
 
 def test_two_builds_of_one_lock_give_one_manifest_digest(builds):

@@ -90,6 +90,7 @@ def test_full_debian_recipe():
     assert recipe.stem == "cuda-toolchain"
     assert (recipe.name, recipe.tag) == ("imagebuild/cuda-toolchain", "13.0")
     assert recipe.base == DebianBase(suite="bookworm", packages=("g++", "libc6-dev"), arch="amd64")
+    assert recipe.base.apt_suites == ("bookworm", "bookworm-updates", "bookworm-security")  # security fixes too
     python = recipe.python
     assert python.requirements == ("cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.3.0", "sgl-deep-gemm==0.2.3.post2")
     assert python.constraints == ("nvidia-cuda-runtime==13.0.96",)
@@ -204,6 +205,16 @@ KEY_ERRORS = [
      "'libc6-dev=2.36' is not a Debian package name", "no version"),
     ('debian = "bookworm"', 'debian = "bookworm"\narch = "i386"', "base.arch", "arch",
      "'i386' is not a supported architecture", "amd64, arm64"),
+    ('debian = "bookworm"', 'debian = "bookworm"\nsuites = ["bookworm", "trixie-security"]', "base.suites[1]",
+     "suites", "'trixie-security' is not a suite of Debian bookworm", '"bookworm-security"'),
+    ('debian = "bookworm"', 'debian = "bookworm"\nsuites = ["bookworm-updates"]', "base.suites", "suites",
+     "names no bookworm suite itself", 'add "bookworm"'),
+    ('debian = "bookworm"', 'debian = "bookworm"\ncomponents = ["main", "Non Free"]', "base.components[1]",
+     "components", "'Non Free' is not a component name", None),
+    ('debian = "bookworm"', 'debian = "bookworm"\nmirror = "mirror.invalid/debian"', "base.mirror", "mirror",
+     "'mirror.invalid/debian' is not an http(s):// or file:// URL", "dists/ and pool/"),
+    ('debian = "bookworm"', 'debian = "bookworm"\nsnapshot = 1', "base.snapshot", "snapshot",
+     "expected a string, got integer", None),
     ('debian = "bookworm"', 'debian = "bookworm"\nglibc = "2.36"', "base.glibc", "glibc",
      "glibc only applies to an image base", None),
     ('debian = "bookworm"', f'debian = "bookworm"\nimage = "debian@{DIGEST}"', "base", "[base]",
@@ -446,7 +457,11 @@ def valid_documents(draw) -> dict:
            | choose(draw, {"tag": one(["latest", "13.0"])})}
     if draw(st.booleans()):
         doc["base"] = {"debian": "bookworm"} | choose(draw, {"packages": one([["g++"], [], ["a0", "a0"]]),
-                                                             "arch": one(["amd64", "arm64"])})
+                                                             "arch": one(["amd64", "arm64"]),
+                                                             "suites": one([["bookworm"], ["bookworm", "bookworm-security"]]),
+                                                             "components": one([["main"], ["main", "contrib"]]),
+                                                             "mirror": one(["http://m.example/debian/", "file:///srv/d"]),
+                                                             "snapshot": one(["https://s.example/archive"])})
     else:
         doc["base"] = {"image": f"debian@{DIGEST}", "python": "3.11", "glibc": "2.36"} \
             | choose(draw, {"python_path": st.just("/usr/bin/python3")})
