@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from imagebuild import compat
+from imagebuild import built, compat
 from imagebuild.base.identity import BaseIdentity
 from imagebuild.bootstrap import base_moves, ensure_base_image, identify, pending_updates
 from imagebuild.common import cache_dir, host_arch
@@ -80,9 +80,11 @@ class SmokeReport:
     ok: bool
     report: dict
     cached: bool = False
+    unknown: list = field(default_factory=list)  # checks that ended `unknown` and were not accepted
 
     def to_dict(self) -> dict:
-        return {"image": self.image, "ok": self.ok, "cached": self.cached, "probe": self.report}
+        return {"image": self.image, "ok": self.ok, "cached": self.cached, "unknown_refused": self.unknown,
+                "probe": self.report}
 
 
 @dataclass
@@ -98,10 +100,11 @@ class BuildReport:
     reused: bool = False  # an image built from this lock was already in the engine or registry: no build ran
     registry: dict | None = None  # with --registry: where the image is, and whether this run pushed it
     cache: dict | None = None  # with --cache-from/--cache-to: where layers came from and went
+    accepted_unknown: list = field(default_factory=list)  # smoke checks that ended `unknown`, accepted by name
 
     def to_dict(self) -> dict:
         return {"recipe": self.recipe, "image": self.image, "image_id": self.image_id, "reused": self.reused,
-                "registry": self.registry, "cache": self.cache,
+                "registry": self.registry, "cache": self.cache, "accepted_unknown": self.accepted_unknown,
                 "size_bytes": self.size, "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
                 "lock": self.lock_path, "smoke": self.smoke.to_dict() if self.smoke else None,
                 "findings": [f.to_dict() for f in self.findings]}
@@ -355,8 +358,12 @@ def ca_bundle(explicit: str | None = None) -> Path | None:
     return None
 
 
-def _smoke_cache(image_id: str) -> Path:
-    return cache_dir() / "smoke" / (image_id.replace(":", "-") + ".json")
+def _smoke_cache(image_id: str, gpus: bool) -> Path:
+    """A pass on record is one image's, under this imagebuild's probe, with or without GPUs: a pass made
+    without a GPU says nothing of the GPU tier."""
+    from imagebuild import payload
+    key = f"{image_id.replace(':', '-')}-probe-{payload.checksum()[:16]}-{'gpus' if gpus else 'no-gpus'}"
+    return cache_dir() / "smoke" / f"{key}.json"
 
 
 def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | None = None,
@@ -366,10 +373,10 @@ def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | N
     info = engine.inspect(image)
     if info is None:
         raise SmokeFailed(f"no image {image!r} in the {engine.name} engine")
-    cached = _smoke_cache(info.id)
+    gpus = os.path.exists("/dev/nvidiactl") if gpus is None else gpus
+    cached = _smoke_cache(info.id, gpus)
     if use_cache and cached.is_file():
         return SmokeReport(image, True, json.loads(cached.read_text()), cached=True)
-    gpus = os.path.exists("/dev/nvidiactl") if gpus is None else gpus
     progress(f"smoke test: running the probe in {image} (network off{', GPUs on' if gpus else ''})")
     result = engine.run(info.id, PROBE_COMMAND, network=False, gpus=gpus, timeout=SMOKE_TIMEOUT_S)
     try:
@@ -418,7 +425,7 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
           relock: bool = False, run_smoke: bool = True, ca: str | None = None,
           keep_failed: bool = False, gpus: bool | None = None, tag: str | None = None,
           rebuild: bool = False, registry: RegistryTarget | None = None, cache: BuildCache | None = None,
-          progress: Progress = quiet) -> BuildReport:
+          accept_unknown: bool = False, progress: Progress = quiet) -> BuildReport:
     """check -> lock (fresh or refused) -> [reuse] -> base -> render -> build untagged -> smoke -> tag
     [-> push]. `tag` replaces the recipe's NAME:TAG (tests build under names of their own). An image
     built from this very lock is reused, not rebuilt: the lock's digest covers everything that decides
@@ -445,7 +452,8 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
                               "drop --no-smoke")
     if registry is not None and not rebuild:
         clock = time.monotonic()
-        hit = reuse_by_lock(registry, current.sha256, split_ref(tag or f"{recipe.name}:{recipe.tag}")[1], progress)
+        hit = reuse_by_lock(registry, current.sha256, split_ref(tag or f"{recipe.name}:{recipe.tag}")[1], progress,
+                            expected=built.pushed_digest(current.sha256, registry.repository))
         if hit:
             timings["registry"] = time.monotonic() - clock
             progress(f"reusing {hit.reference}: the registry holds the image built from this lock "
@@ -456,41 +464,48 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     report = build_locked(recipe, current, path, engine, findings=findings, timings=timings,
                           lock_text=path.read_text(), tag=tag, run_smoke=run_smoke, ca=ca,
                           keep_failed=keep_failed, gpus=gpus, rebuild=rebuild, cache=cache,
-                          platform=platform, progress=progress)
+                          platform=platform, accept_unknown=accept_unknown, progress=progress)
     return _pushed(report, registry, current, engine, progress)
 
 
 def build_locked(recipe: Recipe, current: Lock, path: Path, engine: Engine, *, findings: list, timings: dict,
                  lock_text: str, tag: str | None, run_smoke: bool, ca: str | None, keep_failed: bool,
                  gpus: bool | None, rebuild: bool, cache: BuildCache | None = None, platform: str | None = None,
-                 context: str | None = None, progress: Progress = quiet) -> BuildReport:
+                 context: str | None = None, accept_unknown: bool = False, progress: Progress = quiet) -> BuildReport:
     """One image from a fresh single-platform lock: reuse by lock label, or base -> render -> build
     untagged (for `platform` when given) -> smoke -> tag [-> cache]."""
     from imagebuild.render import LABEL_PREFIX, render_context
     engine.check()
-    reused = None if rebuild else engine.find_labelled(f"{LABEL_PREFIX}.lock.sha256", current.sha256)
+    label = (f"{LABEL_PREFIX}.lock.sha256", current.sha256)
+    reused = None if rebuild else engine.find_labelled(*label, only=built.images_built(current.sha256))
     if reused:
-        progress(f"reusing {reused}: the engine holds an image built from this lock ({current.sha256[:12]}…)")
+        progress(f"reusing {reused}: the engine holds the image built here from this lock ({current.sha256[:12]}…)")
         return _smoke_and_tag(reused, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
-                              keep_failed=keep_failed, gpus=gpus, reused=True, progress=progress)
+                              keep_failed=keep_failed, gpus=gpus, reused=True, accept_unknown=accept_unknown,
+                              progress=progress)
 
+    if not rebuild and engine.find_labelled(*label):
+        progress("an image carries this lock's label but is not one built here from it (an image made FROM it, "
+                 "or committed from it, inherits the label): building")
     clock = time.monotonic()
     ensure_base_image(current.base, recipe.base, engine, progress)
     timings["base"] = time.monotonic() - clock
 
     clock = time.monotonic()
     folder = cache_dir() / "contexts" / (context or recipe.stem)
-    built = render_context(current, recipe, folder, uv_path=uv_binary_for(current.base.arch, progress),
-                           lock_text=lock_text)
+    context_dir = render_context(current, recipe, folder, uv_path=uv_binary_for(current.base.arch, progress),
+                                 lock_text=lock_text)
     bundle = ca_bundle(ca)
     try:
-        image_id = engine.build(built, secrets={"ca": bundle} if bundle else {}, progress=progress, cache=cache,
-                                platform=platform)
+        image_id = engine.build(context_dir, secrets={"ca": bundle} if bundle else {}, progress=progress,
+                                cache=cache, platform=platform)
     except BuildFailed as failure:
         raise explain_build_failure(failure, recipe, current) from None
+    built.record_image(current.sha256, image_id)
     timings["build"] = time.monotonic() - clock
     report = _smoke_and_tag(image_id, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
-                            keep_failed=keep_failed, gpus=gpus, reused=False, progress=progress)
+                            keep_failed=keep_failed, gpus=gpus, reused=False, accept_unknown=accept_unknown,
+                            smoke_cache=not rebuild, progress=progress)
     _cached(report, cache, engine, progress)
     return report
 
@@ -515,6 +530,7 @@ def _pushed(report: BuildReport, registry: RegistryTarget | None, current: Lock,
         return report
     clock = time.monotonic()
     hit = push_by_lock(engine, report.image, registry, current.sha256, split_ref(report.image)[1], progress)
+    built.record_push(current.sha256, registry.repository, hit.digest)
     report.seconds["push"] = time.monotonic() - clock
     report.registry = {**asdict(hit), "pushed": True}
     return report
@@ -522,24 +538,37 @@ def _pushed(report: BuildReport, registry: RegistryTarget | None, current: Lock,
 
 def _smoke_and_tag(image_id: str, recipe: Recipe, path: Path, tag: str | None, findings: list, timings: dict,
                    engine: Engine, *, run_smoke: bool, keep_failed: bool, gpus: bool | None, reused: bool,
-                   progress: Progress) -> BuildReport:
-    """Smoke (or its recorded result for this image id), then tag; a failed smoke tags nothing."""
+                   accept_unknown: bool = False, smoke_cache: bool = True, progress: Progress) -> BuildReport:
+    """Smoke (or its recorded result for this image id), then tag; a failed smoke tags nothing, and nor
+    does a check that ended `unknown` unless the recipe ([smoke] accept_unknown) or the caller accepts it.
+    A rebuild (`smoke_cache` off) runs the smoke test even when a pass for this image id is on record."""
     ref = tag or f"{recipe.name}:{recipe.tag}"
     report = None
+    accepted: list[str] = []
     if run_smoke:
         clock = time.monotonic()
-        report = smoke(image_id, engine, use_cache=True, gpus=gpus, progress=progress)
+        report = smoke(image_id, engine, use_cache=smoke_cache, gpus=gpus, progress=progress)
         timings["smoke"] = time.monotonic() - clock
+        unknown = [c.get("name") for c in report.report.get("checks", [])
+                   if isinstance(c, dict) and c.get("status") == "unknown"]
+        refused = [name for name in unknown if not accept_unknown and name not in recipe.smoke.accept_unknown]
+        accepted = [name for name in unknown if name not in refused]
+        if report.ok and refused:
+            report = SmokeReport(report.image, False, report.report, report.cached, unknown=refused)
         if not report.ok:
             untagged = not (engine.inspect(image_id) or ImageInfo("", 0)).tags  # a cache hit can be a tagged image
             if not keep_failed and untagged:
                 engine.remove(image_id)
             failed = [c["name"] for c in report.report.get("checks", []) if c.get("status") == "fail"]
-            raise SmokeFailed(f"smoke test failed in the image built from {recipe.path} "
-                              f"({', '.join(failed) or 'no report'}); {ref} was not tagged"
-                              + (f"; the image is kept as {image_id}" if keep_failed else ""),
+            said = ", ".join(failed) or ("" if report.unknown else "no report")
+            if report.unknown:
+                said += (", " if said else "") + f"{', '.join(report.unknown)} ended unknown: nothing proved it; " \
+                        f"accept it by name with [smoke] accept_unknown = {json.dumps(report.unknown)} " \
+                        "or build with --accept-unknown"
+            raise SmokeFailed(f"smoke test failed in the image built from {recipe.path} ({said}); {ref} was not "
+                              "tagged" + (f"; the image is kept as {image_id}" if keep_failed else ""),
                               report.report)
     engine.tag(image_id, ref)
     info = engine.inspect(image_id)
     return BuildReport(str(recipe.path), ref, image_id, info.size if info else 0, timings, report,
-                       str(path), findings, reused=reused)
+                       str(path), findings, reused=reused, accepted_unknown=accepted)

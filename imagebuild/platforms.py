@@ -131,6 +131,7 @@ def engine_for(spec: PlatformSpec, default: Engine) -> Engine:
 
 def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = None, relock: bool = False,
           run_smoke: bool = True, ca: str | None = None, keep_failed: bool = False, gpus: bool | None = None,
+          accept_unknown: bool = False,
           tag: str | None = None, rebuild: bool = False, registry=None, cache: BuildCache | None = None,
           progress: Progress = pipeline.quiet):
     """Every platform's image, built, smoke-tested in its own container, and tagged NAME:TAG-<arch>;
@@ -141,6 +142,7 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     if not recipe.platforms:
         return pipeline.build(recipe.path, engine, lock_path=lock_path, relock=relock, run_smoke=run_smoke, ca=ca,
                               keep_failed=keep_failed, gpus=gpus, tag=tag, rebuild=rebuild, registry=registry,
+                              accept_unknown=accept_unknown,
                               cache=cache, progress=progress)
     if registry is not None or cache is not None:
         raise ImagebuildError("--registry, --cache-from and --cache-to take one platform's image: for several, "
@@ -170,6 +172,7 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
             recipe.for_platform(spec.arch), locks[spec.arch], path, own, findings=[],
             timings={"lock": lock_seconds}, lock_text=locks[spec.arch].to_json(), tag=platform_ref(ref, spec.arch),
             run_smoke=run_smoke, ca=ca, keep_failed=keep_failed, gpus=gpus if spec.arch == host_arch() else False,
+            accept_unknown=accept_unknown,
             rebuild=rebuild, platform=spec.name, context=f"{recipe.stem}-{spec.arch}", progress=progress)
         if own is not engine:
             clock = time.monotonic()

@@ -66,7 +66,11 @@ export IMAGEBUILD_DOCKER_CLI=/usr/bin/docker
 
 case "${1:-}" in
   # With no arguments the whole suite runs, the slow flagship build included (CI runs exactly this).
-  test) shift; (($#)) || set -- -m "slow or not slow"; exec .venv/bin/python -m pytest "$@" ;;
+  # With arguments the slow tier stays in unless they say -m themselves (pyproject's default drops it).
+  test) shift
+        marked=0; for arg in "$@"; do [[ "$arg" == -m || "$arg" == -m* ]] && marked=1; done
+        ((marked)) || set -- -m "slow or not slow" "$@"
+        exec .venv/bin/python -m pytest "$@" ;;
   imagebuild) shift; exec .venv/bin/imagebuild "$@" ;;
   "") log "set up; run 'scripts/host.sh test' or 'scripts/host.sh imagebuild build RECIPE'" ;;
   *) exec "$@" ;;

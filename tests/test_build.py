@@ -214,3 +214,84 @@ def test_a_changed_lock_is_not_reused(engine, write_recipe, cleanup):
     report = pipeline.build(recipe, counting, run_smoke=False)
     cleanup.append(report.image)
     assert (report.reused, counting.builds) == (False, 1)
+
+
+def _docker(*args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(["/usr/bin/docker", *args], input=stdin, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_derived_image_carrying_the_lock_label_is_never_reused(engine, cleanup, tmp_path, monkeypatch):
+    """Docker copies labels into every image made FROM an image or committed from it: the label says
+    which lock an image descends from, not that the lock built it. Only the image on record is reused."""
+    monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))
+    lock = read_lock(REPO / "lockfiles" / "cuda-toolchain.lock")
+    real = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/reuse-real:{os.getpid()}", run_smoke=False)
+    cleanup.append(real.image)
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {real.image}\nRUN echo app > /opt/app.txt\n")
+    derived = f"imagebuild-test/reuse-derived:{os.getpid()}"
+    _docker("build", "-q", "-t", derived, str(tmp_path / "ctx"))
+    cleanup.append(derived)
+    container = _docker("create", real.image, "true")
+    committed = f"imagebuild-test/reuse-committed:{os.getpid()}"
+    try:
+        _docker("commit", container, committed)
+    finally:
+        _docker("rm", container)
+    cleanup.append(committed)
+    impostors = {engine.inspect(derived).id, engine.inspect(committed).id}
+    for ref in (derived, committed):  # the negative control: both carry the label, and are newer
+        assert engine.inspect(ref).labels["io.imagebuild.lock.sha256"] == lock.sha256
+    assert engine.find_labelled("io.imagebuild.lock.sha256", lock.sha256) in impostors
+
+    messages: list[str] = []
+    again = pipeline.build(RECIPE, CountingEngine(), tag=f"imagebuild-test/reuse-again:{os.getpid()}",
+                           run_smoke=False, progress=messages.append)
+    cleanup.append(again.image)
+    assert again.reused and again.image_id == real.image_id and again.image_id not in impostors
+
+    # With nothing on record (another machine's cache), the label alone reuses nothing: it builds.
+    monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "other-cache"))
+    counting, messages = CountingEngine(), []
+    fresh = pipeline.build(RECIPE, counting, tag=f"imagebuild-test/reuse-fresh:{os.getpid()}", run_smoke=False,
+                           progress=messages.append)
+    cleanup.append(fresh.image)
+    assert (fresh.reused, counting.builds) == (False, 1) and fresh.image_id not in impostors
+    assert any("carries this lock's label but is not one built here" in m for m in messages)
+
+
+def test_a_check_that_ends_unknown_stops_the_tag_unless_accepted_by_name(engine, write_recipe, cleanup, monkeypatch):
+    """deep_gemm's tier ends `unknown` when it cannot read the release (here: its headers are removed
+    after install by a [[prune]] of the recipe's own): no tag, unless the recipe or the caller accepts it."""
+    name = f"unknown-{os.getpid()}"
+    prune = '\n[[prune]]\npackage = "sgl-deep-gemm"\nremove = ["deep_gemm/include/**"]\nreason = "test"\n'
+    recipe = _copy_recipe(write_recipe, name)
+    recipe.write_text(recipe.read_text() + prune)
+    ref = f"imagebuild-test/{name}:13.0"
+    with pytest.raises(SmokeFailed) as failed:
+        pipeline.build(recipe, engine, tag=ref)
+    unknown = [c["name"] for c in failed.value.report["checks"] if c["status"] == "unknown"]
+    assert unknown and all(c["status"] != "fail" for c in failed.value.report["checks"]), failed.value.report
+    assert f"accept_unknown = {json.dumps(unknown)}" in str(failed.value) and engine.inspect(ref) is None
+
+    accepted = pipeline.build(recipe, engine, tag=ref, accept_unknown=True)
+    cleanup.append(accepted.image)
+    assert accepted.accepted_unknown == unknown and engine.inspect(ref) is not None
+    engine.remove(ref)
+    recipe.write_text(recipe.read_text().replace("[env]\n", f"[smoke]\naccept_unknown = {json.dumps(unknown)}\n\n[env]\n"))
+    by_name = pipeline.build(recipe, engine, tag=ref)
+    assert by_name.accepted_unknown == unknown and by_name.to_dict()["accepted_unknown"] == unknown
+
+
+def test_a_smoke_pass_on_record_is_one_images_with_or_without_gpus(engine, cleanup, tmp_path, monkeypatch):
+    monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))
+    first = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/smoke-key:{os.getpid()}", gpus=False)
+    cleanup.append(first.image)
+    assert first.smoke.ok and not first.smoke.cached
+    assert pipeline.smoke(first.image, engine, use_cache=True, gpus=False).cached
+    assert pipeline._smoke_cache(first.image_id, True) != pipeline._smoke_cache(first.image_id, False)
+    assert not pipeline._smoke_cache(first.image_id, True).exists()  # a pass without GPUs says nothing of them
+    rebuilt = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/smoke-key:{os.getpid()}", gpus=False, rebuild=True)
+    assert not rebuilt.reused and not rebuilt.smoke.cached  # --rebuild runs the smoke test again

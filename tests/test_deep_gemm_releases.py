@@ -36,7 +36,8 @@ def built(engine, tmp_path_factory):
             recipe.write_text(text.replace('name = "imagebuild/cuda-toolchain"', f'name = "imagebuild-test/{name}"'))
             ref = f"imagebuild-test/{name}:13.0"
             try:
-                report = pipeline.build(recipe, engine, tag=ref, relock=True)
+                report = pipeline.build(recipe, engine, tag=ref, relock=True, rebuild=True)
+                assert not report.reused and not report.smoke.cached
             except Exception as error:  # a failed smoke is the finding: keep it for the test to show
                 refs[version] = error
                 continue

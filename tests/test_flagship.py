@@ -101,11 +101,12 @@ TIERS = ("interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine, user_image):
+def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine, user_image, tmp_path, monkeypatch):
     user_image("imagebuild/sglang-blackwell:0.5.23-cu130")  # the README's first command made it: it stays
-    report = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/sglang-blackwell:{os.getpid()}")
+    monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))  # no image or smoke result on record
+    report = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/sglang-blackwell:{os.getpid()}", rebuild=True)
     try:
-        assert report.smoke.ok
+        assert not report.reused and report.smoke.ok and not report.smoke.cached
         checks = {c["name"]: c for c in report.smoke.report["checks"]}
         assert {name: checks[name]["status"] for name in TIERS} == dict.fromkeys(TIERS, "pass")
         imported = checks["imports"]["evidence"]["imported"]

@@ -73,8 +73,10 @@ def test_the_newest_flashinfer_prebuilds_and_is_found_with_jit_off(engine, tmp_p
     recipe = folder / f"flashinfer-{slug}.toml"
     recipe.write_text(RECIPE.format(slug=slug, version=NEWEST,
                                     patch=REPO / "recipes" / "patches" / "flashinfer-cuda-version.patch"))
-    report = pipeline.build(recipe, engine, tag=f"imagebuild-test/flashinfer-aot-{slug}:{NEWEST}", relock=True)
+    report = pipeline.build(recipe, engine, tag=f"imagebuild-test/flashinfer-aot-{slug}:{NEWEST}", relock=True,
+                            rebuild=True)
     try:
+        assert not report.reused and not report.smoke.cached
         assert report.smoke.ok, [c["detail"] for c in report.smoke.report["checks"] if c["status"] == "fail"]
         check = next(c for c in report.smoke.report["checks"] if c["name"] == "zero-jit")
         assert check["status"] == "pass", check["detail"]

@@ -105,6 +105,9 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
                      "secret (default: $IMAGEBUILD_CA_BUNDLE, $SSL_CERT_FILE, Debian's bundle)")
     cmd.add_argument("--engine", default="docker", choices=["docker", "buildah"])
     cmd.add_argument("--no-gpus", action="store_true", help="smoke-test without GPUs even where they are visible")
+    cmd.add_argument("--accept-unknown", action="store_true",
+                     help="tag even when a smoke check ended unknown (nothing proved it); the report lists them. "
+                          "The recipe's [smoke] accept_unknown accepts checks by name instead")
     cmd.add_argument("--rebuild", action="store_true",
                      help="build even when the engine holds an image built from this very lock")
     cmd.add_argument("--tag", metavar="NAME:TAG", type=image_ref,
@@ -201,6 +204,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             report = platforms.build(args.recipe, engine, lock_path=args.lock, relock=args.relock,
                                      run_smoke=not args.no_smoke, ca=args.ca_bundle,
                                      keep_failed=args.keep_failed, gpus=False if args.no_gpus else None,
+                                     accept_unknown=args.accept_unknown,
                                      tag=args.tag, rebuild=args.rebuild, registry=registry, cache=cache,
                                      progress=progress)
         if args.json:

@@ -128,13 +128,14 @@ class BuildahEngine(Engine):
         finally:
             self._run("rm", name, check=False)
 
-    def find_labelled(self, key: str, value: str) -> str | None:
+    def find_labelled(self, key: str, value: str, only: set[str] | None = None) -> str | None:
         proc = self._run("images", "--json", "--no-trunc", "--filter", f"label={key}={value}", check=False)
         try:
             rows = json.loads(proc.stdout or b"[]") if proc.returncode == 0 else []
         except json.JSONDecodeError:
             return None
-        rows = [row for row in rows if isinstance(row, dict) and row.get("id")]
+        rows = [row for row in rows if isinstance(row, dict) and row.get("id")
+                and (only is None or "sha256:" + str(row["id"]).removeprefix("sha256:") in only)]
         newest = max(rows, key=lambda row: str(row.get("createdatraw") or row.get("createdat") or ""), default=None)
         return "sha256:" + str(newest["id"]).removeprefix("sha256:") if newest else None
 

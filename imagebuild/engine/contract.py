@@ -119,7 +119,8 @@ class Engine(abc.ABC):
     def image_exists(self, ref: str) -> bool:
         return self.inspect(ref) is not None
 
-    def find_labelled(self, key: str, value: str) -> str | None:
-        """The id of an image whose label key is value (the newest when several are), else None.
-        An engine that cannot search by label answers None, and the caller builds."""
+    def find_labelled(self, key: str, value: str, only: set[str] | None = None) -> str | None:
+        """The id of an image whose label key is value (the newest when several are; with `only`, the
+        newest of those ids), else None. An engine that cannot search by label answers None, and the
+        caller builds."""
         return None

@@ -151,9 +151,10 @@ class DockerEngine(Engine):
         finally:
             container.remove(force=True)
 
-    def find_labelled(self, key: str, value: str) -> str | None:
+    def find_labelled(self, key: str, value: str, only: set[str] | None = None) -> str | None:
         self.check()
-        images = self.client.api.images(filters={"label": f"{key}={value}"})
+        images = [image for image in self.client.api.images(filters={"label": f"{key}={value}"})
+                  if only is None or image.get("Id") in only]
         newest = max(images, key=lambda image: image.get("Created") or 0, default=None)
         return newest["Id"] if newest else None
 

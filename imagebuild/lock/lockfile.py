@@ -141,17 +141,19 @@ def payload_sha256() -> str:
     return payload.checksum()
 
 
-# Where the base's .debs are fetched from is not what they are: the lock pins every file by sha256.
-FETCH_ONLY_BASE_KEYS = ("mirror", "security_mirror", "snapshot")
+# Keys that do not decide the image: where the base's .debs are fetched from (the lock pins every file
+# by sha256), and which `unknown` smoke checks may still tag it.
+NOT_THE_IMAGE = {"base": ("mirror", "security_mirror", "snapshot"), "smoke": ("accept_unknown",)}
 
 
 def recipe_sha256(recipe: Recipe) -> str:
     """What the recipe means (recipe/reader.py's meaning_sha256), not its bytes: a comment or a
-    reformatting leaves a lock fresh, a changed value makes it stale; so does any key but the
-    mirrors the base is fetched from."""
+    reformatting leaves a lock fresh, a changed value makes it stale, but for NOT_THE_IMAGE's keys."""
     data = parse_toml(read_source(recipe.path), recipe.path)
-    if isinstance(data.get("base"), dict):
-        data = {**data, "base": {k: v for k, v in data["base"].items() if k not in FETCH_ONLY_BASE_KEYS}}
+    for table, keys in NOT_THE_IMAGE.items():
+        if isinstance(data.get(table), dict):
+            kept = {k: v for k, v in data[table].items() if k not in keys}
+            data = {k: v for k, v in data.items() if k != table} | ({table: kept} if kept else {})
     return meaning_sha256(data)
 
 

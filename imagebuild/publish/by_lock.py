@@ -79,11 +79,17 @@ def copy_manifest(client: RegistryClient, source: Reference, target: Reference) 
     return digest
 
 
-def reuse_by_lock(target: RegistryTarget, lock_sha256: str, tag: str,
-                  progress: Progress = _quiet) -> RegistryHit | None:
-    """The image pushed for this lock given the recipe's tag; None when the registry has none."""
+def reuse_by_lock(target: RegistryTarget, lock_sha256: str, tag: str, progress: Progress = _quiet,
+                  expected: str | None = None) -> RegistryHit | None:
+    """The image pushed for this lock given the recipe's tag; None when the registry has none, or when
+    its lock tag names another manifest than the one this machine pushed for the lock (`expected`)."""
     client = target.client(progress)
-    if find_by_lock(target, lock_sha256, progress, client) is None:
+    found = find_by_lock(target, lock_sha256, progress, client)
+    if found is None:
+        return None
+    if expected is not None and found != expected:
+        progress(f"{target.repository}:{lock_tag(lock_sha256)} names {found}, not the {expected} pushed from "
+                 "here for this lock: building instead of trusting it")
         return None
     source, wanted = target.reference(lock_tag(lock_sha256)), target.reference(tag)
     return RegistryHit(str(wanted), copy_manifest(client, source, wanted), str(source))

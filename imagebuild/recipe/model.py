@@ -77,6 +77,7 @@ class SmokeSpec:
     """What the in-image smoke test does beyond its standard checks."""
 
     imports: tuple[str, ...] = ()  # modules imported (each in its own process) on a machine without a GPU
+    accept_unknown: tuple[str, ...] = ()  # checks whose `unknown` may still tag the image, by name
 
 
 @dataclass(frozen=True)
@@ -219,13 +220,18 @@ def _smoke(read: RecipeReader, table: dict | None) -> SmokeSpec:
     if table is None:
         return SmokeSpec()
     key = ("smoke",)
-    read.known_keys(table, key, ("imports",))
+    read.known_keys(table, key, ("imports", "accept_unknown"))
     imports = read.strings(table, key + ("imports",), example='["torch", "sglang"]')
     for index, module in enumerate(imports):
         if not _MODULE.fullmatch(module):
             raise read.error(key + ("imports", index), f"{show(module)} is not a module name",
                              hint='a dotted Python module name such as "sgl_kernel" or "flashinfer.jit"')
-    return SmokeSpec(imports=tuple(dict.fromkeys(imports)))
+    accept = read.strings(table, key + ("accept_unknown",), example='["deep-gemm-sm120"]')
+    for index, name in enumerate(accept):
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+            raise read.error(key + ("accept_unknown", index), f"{show(name)} is not a smoke check's name",
+                             hint='a check name as the smoke report prints it, e.g. "deep-gemm-sm120"')
+    return SmokeSpec(imports=tuple(dict.fromkeys(imports)), accept_unknown=tuple(dict.fromkeys(accept)))
 
 
 def _image(read: RecipeReader, table: dict) -> tuple[str, str]:
