@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from imagebuild.image.verify import verify_image
 from imagebuild.lock import read_lock
 from imagebuild.lock.patches import check_patches
 from imagebuild.recipe.model import load_recipe
+from imagebuild.render import site_packages
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "sglang-blackwell.toml"
@@ -99,40 +101,106 @@ TIERS = ("interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm
          "flashinfer-dynamo")
 
 
+@pytest.fixture(scope="module")
+def flagship(engine):
+    """The flagship, built once for this module's tests (a rebuild: never an image reused by lock, and its
+    smoke test run, never a pass on record replayed), and removed after them."""
+    report = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/sglang-blackwell:{os.getpid()}", rebuild=True)
+    yield report
+    engine.remove(report.image)
+
+
 @pytest.mark.slow
 @pytest.mark.engine
-def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine, user_image, tmp_path, monkeypatch):
+def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine, user_image, flagship):
     user_image("imagebuild/sglang-blackwell:0.5.23-cu130")  # the README's first command made it: it stays
-    monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))  # no image or smoke result on record
-    report = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/sglang-blackwell:{os.getpid()}", rebuild=True)
+    report = flagship
+    assert not report.reused and report.smoke.ok and not report.smoke.cached
+    checks = {c["name"]: c for c in report.smoke.report["checks"]}
+    assert {name: checks[name]["status"] for name in TIERS} == dict.fromkeys(TIERS, "pass")
+    imported = checks["imports"]["evidence"]["imported"]
+    assert imported["sglang"]["version"] == "0.5.23" and imported["torch"]["version"].endswith("+cu130")
+    kernels = {k["kernel"]: k for k in checks["deep-gemm-sm120"]["evidence"]["kernels"]}
+    assert set(kernels) == {"sm120_bf16_gemm_impl", "sm120_fp8_fp4_gemm_1d1d_impl"}
+    assert all(k["elf"]["arch"] == 120 and k["elf"]["machine"] == 190 for k in kernels.values())
+    # The patch is on record in the image: its labels and the installed distribution.
+    info = engine.inspect(report.image)
+    lock = read_lock(REPO / "lockfiles" / "sglang-blackwell.lock")
+    assert info.labels["io.imagebuild.patches"] == f"flashinfer-python:{lock.patches[0].sha256}"
+    # Patched and pruned, every RECORD still matches the files: verify finds nothing to report.
+    verified = verify_image(engine, report.image, REPO / "lockfiles" / "sglang-blackwell.lock")
+    assert verified.ok, verified.mismatches[:5]
+    assert verified.checked["kernels"] >= 4  # [aot]'s kernels, outside every RECORD, hash as their manifest says
+    # What the recipe prunes is gone, and the probe's waste scan no longer lists it.
+    assert info.labels["io.imagebuild.pruned"] == "flashinfer-python,nvidia-nccl-cu13,sglang-kernel,triton"
+    done = engine.run(report.image, ["python", "/opt/imagebuild/probe.pyz", "--waste", "120"])
+    waste = json.loads(done.stdout)
+    paths = {c["path"] for c in waste["candidates"]}
+    assert not paths & {"sgl_kernel/flash_ops.abi3.so", "sgl_kernel/flashmla_ops.abi3.so",
+                        "triton/_C/libtriton.so", "nvidia/nccl/lib/libnccl.so.2"}
+    assert not [p for p in paths if p.startswith("triton/") and p.endswith("_static.a")]
+    check_zero_jit(engine, report.image, checks["zero-jit"])
+
+
+def derived_zero_jit(engine, image: str, tmp_path: Path, name: str, step: str, files: dict | None = None,
+                     check: str = "zero-jit") -> dict:
+    """A check (zero-jit by default) of an image made FROM the flagship with one RUN step (and `files`
+    copied to /tmp/derived/ first); the probe's compile tier is skipped: it is not in question."""
+    context = tmp_path / name
+    context.mkdir()
+    for file_name, text in (files or {}).items():
+        (context / file_name).write_text(text)
+    copy = "COPY . /tmp/derived/\n" if files else ""
+    (context / "Dockerfile").write_text(f"FROM {image}\n{copy}RUN {step}\n")
+    ref = f"imagebuild-test/zero-jit-{name}:{os.getpid()}"
+    made = subprocess.run(["/usr/bin/docker", "build", "-q", "-t", ref, str(context)], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
     try:
-        assert not report.reused and report.smoke.ok and not report.smoke.cached
-        checks = {c["name"]: c for c in report.smoke.report["checks"]}
-        assert {name: checks[name]["status"] for name in TIERS} == dict.fromkeys(TIERS, "pass")
-        imported = checks["imports"]["evidence"]["imported"]
-        assert imported["sglang"]["version"] == "0.5.23" and imported["torch"]["version"].endswith("+cu130")
-        kernels = {k["kernel"]: k for k in checks["deep-gemm-sm120"]["evidence"]["kernels"]}
-        assert set(kernels) == {"sm120_bf16_gemm_impl", "sm120_fp8_fp4_gemm_1d1d_impl"}
-        assert all(k["elf"]["arch"] == 120 and k["elf"]["machine"] == 190 for k in kernels.values())
-        # The patch is on record in the image: its labels and the installed distribution.
-        info = engine.inspect(report.image)
-        lock = read_lock(REPO / "lockfiles" / "sglang-blackwell.lock")
-        assert info.labels["io.imagebuild.patches"] == f"flashinfer-python:{lock.patches[0].sha256}"
-        # Patched and pruned, every RECORD still matches the files: verify finds nothing to report.
-        verified = verify_image(engine, report.image, REPO / "lockfiles" / "sglang-blackwell.lock")
-        assert verified.ok, verified.mismatches[:5]
-        assert verified.checked["kernels"] >= 4  # [aot]'s kernels, outside every RECORD, hash as their manifest says
-        # What the recipe prunes is gone, and the probe's waste scan no longer lists it.
-        assert info.labels["io.imagebuild.pruned"] == "flashinfer-python,nvidia-nccl-cu13,sglang-kernel,triton"
-        done = engine.run(report.image, ["python", "/opt/imagebuild/probe.pyz", "--waste", "120"])
-        waste = json.loads(done.stdout)
-        paths = {c["path"] for c in waste["candidates"]}
-        assert not paths & {"sgl_kernel/flash_ops.abi3.so", "sgl_kernel/flashmla_ops.abi3.so",
-                            "triton/_C/libtriton.so", "nvidia/nccl/lib/libnccl.so.2"}
-        assert not [p for p in paths if p.startswith("triton/") and p.endswith("_static.a")]
-        check_zero_jit(engine, report.image, checks["zero-jit"])
+        done = engine.run(ref, ["python", "/opt/imagebuild/probe.pyz", "--expect", "/opt/imagebuild/expect.json",
+                                "--skip-compile"], timeout=1800)
+        return next(c for c in json.loads(done.stdout)["checks"] if c["name"] == check)
     finally:
-        engine.remove(report.image)
+        engine.remove(ref)
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+@pytest.mark.parametrize("kind", ["flashinfer", "sglang"])
+def test_zero_jit_fails_naming_a_prebuilt_kernel_removed_from_the_image(engine, flagship, tmp_path, kind):
+    manifest = json.loads(engine.run(flagship.image, ["cat", "/opt/imagebuild/aot-manifest.json"]).stdout)
+    victim = next(a for a in manifest["artifacts"] if a["kind"] == kind)
+    check = derived_zero_jit(engine, flagship.image, tmp_path, f"no-{kind}", f"rm {victim['path']}")
+    assert check["status"] == "fail" and victim["path"] in check["detail"], check["detail"]
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_zero_jit_fails_when_a_flashinfer_loader_records_nothing(engine, flagship, tmp_path):
+    """A FlashInfer whose sampling loader hands back a module without going through its JIT specs (what a
+    release that changes how its loaders build would look like): the proof cannot see it, so it fails."""
+    site = site_packages(read_lock(REPO / "lockfiles" / "sglang-blackwell.lock"))
+    inert = ("\nimport functools as _imagebuild_ft\n\n\n@_imagebuild_ft.cache\ndef get_sampling_module():\n"
+             "    return type('Inert', (), {'__getattr__': lambda self, name: (lambda *a, **k: None)})()\n")
+    step = f"cat /tmp/derived/inert.py >> {site}/flashinfer/sampling.py && rm -r /tmp/derived"
+    check = derived_zero_jit(engine, flagship.image, tmp_path, "inert-sampling", step, {"inert.py": inert})
+    assert check["status"] == "fail", check["detail"]
+    assert "sampling" in check["detail"] and ("loaded no module" in check["detail"]
+                                              or "no declared load asked for" in check["detail"]), check["detail"]
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_cuda_home_asks_each_consumer_and_names_the_one_that_disagrees(engine, flagship, tmp_path):
+    checks = {c["name"]: c for c in flagship.smoke.report["checks"]}
+    found = checks["cuda-home"]["evidence"]["found"]
+    assert set(found) == {"deep_gemm", "torch", "flashinfer"} and checks["cuda-home"]["evidence"]["triton"]["ptxas"]
+    site = site_packages(read_lock(REPO / "lockfiles" / "sglang-blackwell.lock"))
+    other = "\n\ndef get_cuda_path():\n    import pathlib\n    return pathlib.Path('/usr/local/cuda-12.8')\n"
+    step = f"cat /tmp/derived/other.py >> {site}/flashinfer/jit/cpp_ext.py && rm -r /tmp/derived"
+    check = derived_zero_jit(engine, flagship.image, tmp_path, "flashinfer-home", step, {"other.py": other},
+                             check="cuda-home")
+    assert check["status"] == "fail" and "flashinfer finds /usr/local/cuda-12.8" in check["detail"], check["detail"]
+    assert "torch" not in check["detail"].split(";")[0]
 
 
 def check_zero_jit(engine, image: str, check: dict) -> None:

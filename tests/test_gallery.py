@@ -33,9 +33,7 @@ def test_gallery_locks_hold_no_errors_and_answer_their_findings():
 
 def build_and_smoke(engine, recipe: Path, ref: str) -> dict:
     """A build that runs (never reused by lock) and a smoke test that runs (never replayed)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("IMAGEBUILD_CACHE", str(recipe.parent.parent / "imagebuild-cache"))
-        report = pipeline.build(recipe, engine, tag=ref, relock=True, rebuild=True)
+    report = pipeline.build(recipe, engine, tag=ref, relock=True, rebuild=True)
     try:
         assert not report.reused and report.smoke.ok and not report.smoke.cached
         return {c["name"]: c for c in report.smoke.report["checks"]}

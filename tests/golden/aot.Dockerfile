@@ -64,7 +64,7 @@ COPY imagebuild/probe.pyz imagebuild/expect.json imagebuild/lock.json /opt/image
 LABEL "io.imagebuild.base"="imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee" \
     "io.imagebuild.cuda"="13.0" \
     "io.imagebuild.cuda.archs"="sm_120a" \
-    "io.imagebuild.lock.sha256"="3c1a57cd6824f3fb75ed1ffc6406ec47f9bb24acfdfbe0b2007bf16a7bf916b2" \
+    "io.imagebuild.lock.sha256"="9f9d3358b927fb702e61d468c89d7d8f3eba8869b159184891a2292bb0820e9c" \
     "io.imagebuild.recipe"="cuda-toolchain" \
     "io.imagebuild.recipe.sha256"="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" \
     "io.imagebuild.template.sha256"="bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" \

@@ -55,7 +55,7 @@ def test_a_patch_that_applies_passes_lock_and_check(locked):
     assert not report.findings
     (result,) = check_locked_patches(load_recipe(path), read_lock(report.lock_path))
     assert result.applies and result.checked == "2.32.3"
-    assert not pipeline.check(path).findings
+    assert [(f.severity, f.rule) for f in pipeline.check(path).findings] == [("note", "lock-fresh")]
 
 
 def test_lock_refuses_a_patch_that_no_longer_applies_and_writes_nothing(write_recipe):
@@ -79,7 +79,8 @@ def test_check_with_a_lock_reports_a_broken_patch_in_text_and_json(locked):
         assert proc.returncode == 1, proc.stderr
         assert "Traceback" not in proc.stderr
     report = json.loads(proc.stdout)
-    (finding,) = report["findings"]
+    stale, finding = report["findings"]
+    assert (stale["rule"], stale["evidence"]) == ("lock-stale", "a patch file changed since the lock was made")
     assert finding["rule"] == "patch-does-not-apply" and "hunk 1 of 1" in finding["evidence"]
     text = subprocess.run([sys.executable, "-m", "imagebuild", "check", str(path)], capture_output=True,
                           text=True).stdout

@@ -491,3 +491,40 @@ def test_gpu_compute_tier_skips_without_a_gpu_or_without_torch():
     from imagebuild.payload.probe.gpu_compute import check_gpu_compute
     assert check_gpu_compute({"torch_cuda": "13.0"}, gpu_visible=False)["detail"] == "no GPU visible"
     assert check_gpu_compute({"torch_cuda": None}, gpu_visible=True)["detail"] == "no torch in the lock"
+
+
+# Triton's get_ptxas as three releases wrote it (triton/backends/nvidia/compiler.py): 3.4+ takes the arch
+# and answers a knob with .path; 3.3 takes nothing; 3.2 takes the arch and answers (path, version).
+TRITON_GET_PTXAS = {
+    "3.4": "class _Tool:\n    def __init__(self, path):\n        self.path = path\n"
+           "def get_ptxas(arch):\n    return _Tool(PTXAS + ('-blackwell' if arch >= 100 else ''))\n",
+    "3.3": "class _Tool:\n    def __init__(self, path):\n        self.path = path\n"
+           "def get_ptxas():\n    return _Tool(PTXAS)\n",
+    "3.2": "def get_ptxas(arch):\n    return (PTXAS + ('-blackwell' if arch >= 100 else ''), '12.8')\n",
+}
+
+
+@pytest.mark.parametrize("release", sorted(TRITON_GET_PTXAS))
+def test_cuda_home_reads_tritons_ptxas_choice_in_each_signature_stand_in_triton(release, tmp_path, monkeypatch):
+    """A stand-in triton package (the test's own, named so), since Triton itself needs torch here."""
+    from imagebuild.payload.probe import toolchain
+    ptxas = tmp_path / "bin" / "ptxas"
+    ptxas.parent.mkdir()
+    for path in (ptxas, tmp_path / "bin" / "ptxas-blackwell"):
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+    package = tmp_path / "site" / "triton" / "backends" / "nvidia"
+    package.mkdir(parents=True)
+    for folder in (package.parent.parent, package.parent, package):
+        (folder / "__init__.py").write_text("")
+    (package / "compiler.py").write_text(f"PTXAS = {str(ptxas)!r}\n" + TRITON_GET_PTXAS[release])
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    answers, problem = toolchain.ask_consumers(120)
+    expected = str(ptxas) + ("" if release == "3.3" else "-blackwell")
+    assert problem is None and answers["triton"] == {"ptxas": expected}
+    (tmp_path / "bin" / "ptxas-blackwell").unlink()  # the negative control: the chosen ptxas is gone
+    check = toolchain.check_cuda_home({"cuda": {"archs": ["sm_120a"]}})
+    if release == "3.3":
+        assert check["status"] == "pass" and f"Triton runs {ptxas} for sm_120" in check["detail"]
+    else:
+        assert check["status"] == "fail" and "Triton's ptxas for sm_120" in check["detail"]

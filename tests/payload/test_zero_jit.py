@@ -75,19 +75,31 @@ def test_describe_reads_hash_size_and_no_gpu_code_from_a_host_library(tmp_path):
     assert found["bytes"] == os.path.getsize(path) and found["sass"] == [] and len(found["sha256"]) == 64
 
 
+AOT_SO = "/opt/flashinfer-aot/cascade/cascade.so"
+SGLANG_SO = "/var/cache/sglang/jit/sm120f/rope_x/rope_x.so"
+MANIFEST = {"artifacts": [{"kind": "flashinfer", "name": "cascade", "path": AOT_SO},
+                          {"kind": "sglang", "name": "rope_x", "target": "sm120f", "path": SGLANG_SO}]}
+# SGLang 0.5.23's own words when SGLANG_CRASH_ON_JIT_COMPILE forbids a compile (kernels/jit/utils/compile/loader.py)
+REFUSAL = ("RuntimeError: JIT module 'rope_y' has no usable cached build under /var/cache/sglang/jit/sm120f, and "
+           "SGLANG_CRASH_ON_JIT_COMPILE forbids compiling at runtime.")
+
+
 def proof(**changes) -> dict:
     base = {"flashinfer": {"loaded": [{"module": "cascade", "shape": "a", "load": "cascade"}], "misses": [],
-                           "undeclared": {"missed": True, "module": "batch_prefill_x", "error": "MissingJITCacheError"}},
-            "sglang": {"arch": "12.0f", "hits": [["a", "rope", None]], "misses": [],
-                       "undeclared": [["undeclared", "rope", "RuntimeError: crash on JIT"]]}}
+                           "undeclared": {"missed": True, "module": "batch_prefill_x", "error": "MissingJITCacheError"},
+                           "asked_nothing": [], "mapped": [AOT_SO]},
+            "sglang": {"arch": "12.0f", "cache_dir": "/var/cache/sglang/jit", "mapped": [SGLANG_SO],
+                       "hits": [["a", "rope", None]], "misses": [],
+                       "undeclared": [["undeclared", "rope", REFUSAL]]}}
     for path, value in changes.items():
         part, key = path.split(".")
         base[part][key] = value
     return base
 
 
-def verdict(result: dict, nvcc_calls=()) -> dict:
-    return zero_jit._verdict(json.loads(json.dumps(result)), 0, "", [], list(nvcc_calls), {"artifacts": [{}]})
+def verdict(result: dict, nvcc_calls=(), manifest=None) -> dict:
+    return zero_jit._verdict(json.loads(json.dumps(result)), 0, "", [], list(nvcc_calls),
+                             MANIFEST if manifest is None else manifest)
 
 
 def test_a_clean_proof_passes():
@@ -102,10 +114,49 @@ def test_a_clean_proof_passes():
     ({"sglang.misses": [["a", "rope", "RuntimeError"]]}, (), "SGLang missed"),
     ({"sglang.undeclared": [["undeclared", "rope", None]]}, (), "not armed"),
     ({}, ("-c kernel.cu",), "nvcc was asked"),
+    # coverage: a pass must show what loaded, never an empty proof
+    ({"flashinfer.loaded": []}, (), "no declared load asked for cascade"),
+    ({"flashinfer.asked_nothing": [{"shape": "a", "load": "sampling"}]}, (), "sampling for a loaded no module"),
+    ({"flashinfer.mapped": []}, (), "cascade: asked for, but the process never mapped its file"),
+    ({"sglang.mapped": []}, (), "no SGLang kernel was loaded from its cache"),
+    ({"sglang.mapped": [SGLANG_SO, "/var/cache/sglang/jit/sm120f/other/other.so"]}, (),
+     "SGLang loaded kernels the manifest does not list"),
+    ({"sglang.undeclared": [["undeclared", "rope", "TypeError: rope() missing 1 required argument"]]}, (),
+     "did not end in SGLang's refusal to compile"),
+    ({"sglang.undeclared": [["undeclared", "rope", "ImportError: no module sglang.kernels"]]}, (),
+     "did not end in SGLang's refusal to compile"),
 ])
 def test_each_way_the_proof_can_fail_fails(changes, nvcc, says):
     check = verdict(proof(**changes), nvcc)
     assert check["status"] == "fail" and says in check["detail"]
+
+
+def test_an_empty_manifest_and_an_empty_proof_never_pass():
+    empty = {"flashinfer": {"loaded": [], "misses": [], "asked_nothing": [], "mapped": [],
+                            "undeclared": {"missed": True, "module": "x", "error": "MissingJITCacheError"}}}
+    check = verdict(empty, manifest={"artifacts": []})
+    assert check["status"] == "fail" and "nothing to prove" in check["detail"]
+
+
+def test_a_manifest_kernel_of_sglang_no_builder_loaded_fails_naming_it():
+    manifest = {"artifacts": MANIFEST["artifacts"] + [
+        {"kind": "sglang", "name": "kv", "target": "sm120f", "path": "/var/cache/sglang/jit/sm120f/kv/kv.so"}]}
+    check = verdict(proof(), manifest=manifest)
+    assert check["status"] == "fail" and "kv/kv.so" in check["detail"] and "no declared builder loaded" in check["detail"]
+
+
+def test_mapped_under_reads_this_processes_own_maps(tmp_path):
+    import ctypes
+    import shutil
+    import sysconfig
+    library = next(p for p in (sysconfig.get_config_var("LIBDIR") or "", "/usr/lib/x86_64-linux-gnu", "/lib")
+                   if os.path.isfile(os.path.join(p, "libz.so.1")))
+    copy = tmp_path / "aot" / "m" / "m.so"
+    copy.parent.mkdir(parents=True)
+    shutil.copyfile(os.path.join(library, "libz.so.1"), copy)
+    assert kernels_aot.mapped_under(str(tmp_path / "aot")) == set()
+    ctypes.CDLL(str(copy))
+    assert kernels_aot.mapped_under(str(tmp_path / "aot")) == {os.path.realpath(copy)}
 
 
 def test_no_result_from_the_child_fails_with_its_output():

@@ -342,12 +342,30 @@ def undeclared_shape(shapes: list) -> dict:
                 qk_norm=False, hidden_size=None, prefix_cache=False, sampling=False)
 
 
+def mapped_under(folder: str) -> set:
+    """The shared objects under folder that this process has mapped: what the loader really loaded."""
+    root = os.path.realpath(folder) + os.sep
+    found = set()
+    try:
+        with open("/proc/self/maps") as handle:
+            for line in handle:
+                path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
+                if path.startswith(root) and path.endswith(".so"):
+                    found.add(path)
+    except OSError:
+        pass
+    return found
+
+
 def prove(spec: dict, manifest: dict) -> dict:
     """Load every declared shape's modules the way the runtime does, with JIT off (FLASHINFER_DISABLE_JIT,
     SGLANG_CRASH_ON_JIT_COMPILE set by the caller): each must come from the manifest's artifacts, and an
-    undeclared shape must miss."""
+    undeclared shape must miss. Besides what FlashInfer's loaders asked for, the proof records each load
+    that asked for nothing and which shared objects the process really mapped from the AOT folder and
+    SGLang's cache."""
     built = {a["name"]: a for a in manifest["artifacts"] if a["kind"] == "flashinfer"}
-    loaded, misses = [], []
+    aot_dir = manifest.get("flashinfer_aot_dir") or ""
+    loaded, misses, asked_nothing, mapped = [], [], [], set()
     for shape in spec["shapes"]:
         for what, loader, args in flashinfer_loads(shape):
             _clear_caches([(what, loader, args)])
@@ -357,6 +375,10 @@ def prove(spec: dict, manifest: dict) -> dict:
                     error = None
                 except Exception as caught:
                     error = f"{type(caught).__name__}: {caught}"[:600]
+            if aot_dir:
+                mapped |= mapped_under(aot_dir)
+            if error is None and not recorder.specs:
+                asked_nothing.append({"shape": shape["name"], "load": what})
             for one in recorder.specs:
                 path = str(one.get_library_path()) if one.is_aot else None
                 entry = {"shape": shape["name"], "load": what, "module": one.name, "aot": one.is_aot,
@@ -376,13 +398,16 @@ def prove(spec: dict, manifest: dict) -> dict:
             control_result = {"missed": type(caught).__name__ == "MissingJITCacheError",
                               "error": f"{type(caught).__name__}: {str(caught)[:300]}"}
     control_result.update(shape=control, module=recorder.specs[0].name if recorder.specs else None)
-    result = {"flashinfer": {"loaded": loaded, "misses": misses, "undeclared": control_result}}
+    result = {"flashinfer": {"loaded": loaded, "misses": misses, "undeclared": control_result,
+                             "asked_nothing": asked_nothing, "mapped": sorted(mapped)}}
     if spec["sglang"]:
         arch = spec["archs"][0]
         outcomes = run_sglang_builders(spec["shapes"], arch)
+        sglang_mapped = mapped_under(sglang_cache_dir())
         control_outcome = run_sglang_builders([dict(control, rope="neox")], arch)
         result["sglang"] = {
-            "arch": arch, "hits": [o for o in outcomes if o[2] is None],
+            "arch": arch, "cache_dir": os.path.realpath(sglang_cache_dir()), "mapped": sorted(sglang_mapped),
+            "hits": [o for o in outcomes if o[2] is None],
             "misses": [o for o in outcomes if o[2] is not None],
             # RoPE's key holds the head dim, which no declared shape has; the control's KV-store row bytes may
             # equal a declared shape's (64 x 2 bytes = 128 x 1 byte), so it is no control.

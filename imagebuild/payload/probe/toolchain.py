@@ -12,9 +12,11 @@ import re
 import shutil
 import sys
 
+from .gpus import arch_number
 from .report import FAIL, PASS, SKIP, WARN, make_check
 from .system import (canonical_name, cuda_home_by_rule, deep_gemm_cuda_home, installed_distributions,
-                     interpreter_prefix, major_minor, parse_nvcc_release, read_text, run_command, same_path)
+                     interpreter_prefix, major_minor, package_dir, parse_nvcc_release, read_text, run_command,
+                     run_python_json, same_path)
 
 TOOLCHAIN_DISTRIBUTIONS = (
     "nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-nvvm",
@@ -111,36 +113,91 @@ def check_cuda_toolchain(expect: dict, installed: dict | None = None) -> dict:
     return make_check("cuda-toolchain", PASS, f"CUDA {toolkit} toolchain complete at {home}", **evidence)
 
 
+# Each consumer's own lookup, called in a child (torch's and FlashInfer's import torch): torch's
+# cpp_extension._find_cuda_home, FlashInfer's jit.cpp_ext.get_cuda_path, and the ptxas Triton runs for
+# the recipe's SM (get_ptxas(arch) answers a knob with .path in Triton 3.4 onward, (path, version) before,
+# and takes no arch in some releases).
+_ASK_CONSUMERS = """
+import importlib.util, inspect, json, sys
+sm = int(sys.argv[1])
+answers = {}
+def torch_home():
+    from torch.utils import cpp_extension
+    return cpp_extension._find_cuda_home()
+def flashinfer_home():
+    from flashinfer.jit import cpp_ext
+    return cpp_ext.get_cuda_path()
+def triton_ptxas():
+    from triton.backends.nvidia import compiler
+    ask = compiler.get_ptxas
+    found = ask(sm) if inspect.signature(ask).parameters else ask()
+    return getattr(found, "path", None) or (found[0] if isinstance(found, tuple) else found)
+for name, package, call in (("torch", "torch", torch_home), ("flashinfer", "flashinfer", flashinfer_home),
+                            ("triton", "triton", triton_ptxas)):
+    if importlib.util.find_spec(package) is None:
+        continue
+    try:
+        answer = call()
+        answers[name] = {"home" if name != "triton" else "ptxas": None if answer is None else str(answer)}
+    except Exception as error:
+        answers[name] = {"error": (type(error).__name__ + ": " + str(error))[:400]}
+print(json.dumps(answers))
+"""
+
+
+def ask_consumers(sm: int) -> tuple:
+    """({consumer: its own answer}, a problem running them or None)."""
+    answers, status, errors = run_python_json(_ASK_CONSUMERS, str(sm))
+    if answers is None:
+        return {}, f"asking torch, FlashInfer and Triton failed (exit {status}): {errors[-600:]}"
+    return answers, None
+
+
 def check_cuda_home(expect: dict) -> dict:
-    """Each consumer resolves CUDA_HOME its own way; all of them must land on the expected toolkit."""
-    dg_home, dg_how = deep_gemm_cuda_home()
-    by_rule = cuda_home_by_rule()
-    found = {
-        "deep_gemm": {"home": dg_home, "how": dg_how},
-        # flashinfer/jit/cpp_ext.py get_cuda_path and torch/utils/cpp_extension.py _find_cuda_home both
-        # import torch, so their rule (the same as deep_gemm's) runs here instead of their code.
-        "flashinfer": {"home": by_rule, "how": "rule of flashinfer.jit.cpp_ext.get_cuda_path"},
-        "torch": {"home": by_rule, "how": "rule of torch.utils.cpp_extension._find_cuda_home"},
-    }
+    """Each consumer resolves CUDA_HOME its own way, and each is asked: deep_gemm's find_cuda_home,
+    torch's _find_cuda_home, FlashInfer's get_cuda_path, each installed one landing on the expected
+    toolkit; Triton's ptxas for the recipe's SM must be there to run."""
+    found = {}
+    if package_dir("deep_gemm"):
+        dg_home, dg_how = deep_gemm_cuda_home()
+        found["deep_gemm"] = {"home": dg_home, "how": dg_how}
+    archs = (expect.get("cuda") or {}).get("archs") or []
+    sm = max([arch_sm(arch) for arch in archs] or [80])
+    asked, problem = ask_consumers(sm)
+    for name in ("torch", "flashinfer"):
+        if name in asked:
+            found[name] = dict(asked[name], how={"torch": "torch.utils.cpp_extension._find_cuda_home()",
+                                                  "flashinfer": "flashinfer.jit.cpp_ext.get_cuda_path()"}[name])
     expected = (expect.get("cuda") or {}).get("home")
-    evidence = {"expected": expected, "found": found, "env": {
+    evidence = {"expected": expected, "found": found, "triton": asked.get("triton"), "env": {
         key: os.environ.get(key) for key in ("CUDA_HOME", "CUDA_PATH")}, "which_nvcc": shutil.which("nvcc")}
-    homes = {consumer: result["home"] for consumer, result in found.items()}
-    if not any(homes.values()):
+    problems = [problem] if problem else []
+    problems += [f"{name}: {answer['error']}" for name, answer in found.items() if answer.get("error")]
+    triton = asked.get("triton")
+    if triton and (triton.get("error") or not (triton.get("ptxas") and os.access(triton["ptxas"], os.X_OK))):
+        problems.append(f"Triton's ptxas for sm_{sm}: {triton.get('error') or triton.get('ptxas')} is not there to run")
+    homes = {consumer: result.get("home") for consumer, result in found.items() if not result.get("error")}
+    if not found and not triton and not problems:
+        return make_check("cuda-home", SKIP, "no consumer of a CUDA home (deep_gemm, torch, FlashInfer, Triton) is "
+                          "installed", **evidence)
+    if found and not any(homes.values()) and not problems:
         cause, fix = no_home_cause()
         return make_check("cuda-home", FAIL, f"no consumer finds a CUDA home: {cause}; fix: {fix}",
                           cause=cause, fix=fix, **evidence)
-    if expected:
-        wrong = {consumer: home for consumer, home in homes.items() if not same_path(home, expected)}
-        if wrong:
-            return make_check("cuda-home", FAIL, f"expected {expected}; " + ", ".join(
-                f"{consumer} finds {home}" for consumer, home in wrong.items()), **evidence)
-        return make_check("cuda-home", PASS, f"deep_gemm, FlashInfer and torch all find {expected}", **evidence)
-    first = next(iter(homes.values()))
-    if first and all(same_path(home, first) for home in homes.values()):
-        return make_check("cuda-home", PASS, f"deep_gemm, FlashInfer and torch all find {first}", **evidence)
-    return make_check("cuda-home", FAIL, "consumers disagree: " + ", ".join(
-        f"{consumer} finds {home}" for consumer, home in homes.items()), **evidence)
+    want = expected or next((home for home in homes.values() if home), None)
+    problems += [f"{consumer} finds {home}" + (f", expected {expected}" if expected else "")
+                 for consumer, home in homes.items() if not same_path(home, want)]
+    if problems:
+        return make_check("cuda-home", FAIL, "; ".join(problems), **evidence)
+    said = f"asked {', '.join(found)}: all find {want}" if found else "no CUDA home consumer installed"
+    said += f"; Triton runs {triton['ptxas']} for sm_{sm}" if triton else ""
+    return make_check("cuda-home", PASS, said, **evidence)
+
+
+def arch_sm(arch: str) -> int:
+    """sm_120a -> 120, 12.0f -> 120, 9.0a -> 90."""
+    parts = arch_number(arch)
+    return parts[0] * 10 + parts[1] if parts else 80
 
 
 TOOLCHAIN_FIX = ("the CUDA 13 pip toolchain (cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.* with [cuda] toolkit = "

@@ -127,6 +127,60 @@ def check_aot(expect: dict) -> dict:
     return _verdict(proof, status, errors, problems, nvcc_calls, manifest)
 
 
+# What SGLang raises, in the releases read (0.5.22, 0.5.23: kernels/jit/utils/compile/loader.py), when a
+# module misses its cache and SGLANG_CRASH_ON_JIT_COMPILE forbids the compile: the control must see it.
+SGLANG_REFUSAL = ("RuntimeError", "SGLANG_CRASH_ON_JIT_COMPILE")
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(path) if path else path
+
+
+def coverage_problems(proof: dict, manifest: dict) -> list:
+    """What the proof left unproved: a manifest module no load asked for or the process never mapped, a
+    load that asked for nothing, SGLang kernels not loaded from its cache, a control that failed for a
+    reason other than SGLang's refusal to compile."""
+    problems = []
+    flashinfer = proof["flashinfer"]
+    declared = {a["name"]: a for a in manifest.get("artifacts", []) if a.get("kind") == "flashinfer"}
+    sglang_built = [a for a in manifest.get("artifacts", []) if a.get("kind") == "sglang"]
+    if not declared and not sglang_built:
+        problems.append("the manifest lists no kernel: there is nothing to prove")
+    loaded = {entry["module"] for entry in flashinfer["loaded"]}
+    never = sorted(set(declared) - loaded)
+    if never:
+        problems.append(f"no declared load asked for {', '.join(never)}: the proof does not cover them")
+    for entry in flashinfer.get("asked_nothing", []):
+        problems.append(f"FlashInfer's {entry['load']} for {entry['shape']} loaded no module through its JIT "
+                        "specs: the proof cannot see what it loaded")
+    if "mapped" in flashinfer:
+        unmapped = sorted(name for name, artifact in declared.items()
+                          if name in loaded and _real(artifact.get("path", "")) not in set(flashinfer["mapped"]))
+        if unmapped:
+            problems.append(f"{', '.join(unmapped)}: asked for, but the process never mapped its file")
+    sglang = proof.get("sglang")
+    if sglang_built and not sglang:
+        problems.append("the manifest lists SGLang kernels but the proof ran none of SGLang's builders")
+    if sglang:
+        mapped = set(sglang.get("mapped", []))
+        if not mapped:
+            problems.append("no SGLang kernel was loaded from its cache")
+        elif sglang_built:
+            cache = sglang.get("cache_dir") or ""
+            targets = {os.path.relpath(path, cache).split(os.sep)[0] for path in mapped}
+            expected = {_real(a["path"]) for a in sglang_built if a.get("target") in targets}
+            if mapped - expected:
+                problems.append("SGLang loaded kernels the manifest does not list: " + ", ".join(sorted(mapped - expected)))
+            if expected - mapped:
+                problems.append("SGLang kernels of the manifest that no declared builder loaded: "
+                                + ", ".join(sorted(expected - mapped)))
+        wrong = [f"{what}: {error or 'returned'}"[:300] for _, what, error in sglang.get("undeclared", [])
+                 if not (error and error.startswith(SGLANG_REFUSAL[0]) and SGLANG_REFUSAL[1] in error)]
+        if sglang.get("undeclared") and wrong:
+            problems.append("the SGLang control did not end in SGLang's refusal to compile: " + "; ".join(wrong))
+    return problems
+
+
 def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls: list, manifest: dict) -> dict:
     evidence = {"artifacts": len(manifest.get("artifacts", [])), "problems": problems, "nvcc_calls": nvcc_calls}
     if proof is None:
@@ -135,6 +189,7 @@ def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls
     flashinfer = proof["flashinfer"]
     sglang = proof.get("sglang")
     evidence.update(proof=proof)
+    problems.extend(coverage_problems(proof, manifest))
     if flashinfer["misses"]:
         problems.append("FlashInfer missed: " + "; ".join(
             f"{m['shape']} {m['load']} {m.get('module')}: {m.get('error') or 'not from the manifest'}"
@@ -153,6 +208,7 @@ def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls
         return make_check("zero-jit", FAIL, " | ".join(problems), **evidence)
     modules = len({entry["module"] for entry in flashinfer["loaded"]})
     detail = (f"{modules} FlashInfer modules loaded from its AOT folder with JIT disabled and nvcc hidden"
-              + (f", {len(sglang['hits'])} SGLang kernels from its cache" if sglang else "")
+              + (f", {len(sglang['hits'])} SGLang builders served by {len(sglang.get('mapped', []))} kernels "
+                 f"from its cache for {sglang['arch']}" if sglang else "")
               + f"; an undeclared shape missed ({flashinfer['undeclared']['module']})")
     return make_check("zero-jit", PASS, detail, **evidence)
