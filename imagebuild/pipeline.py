@@ -175,9 +175,9 @@ def base_update_findings(recipe: Recipe, locked: BaseIdentity, where: str = "", 
     return findings
 
 
-def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = quiet) -> tuple[list, bool]:
+def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = quiet) -> tuple[list, dict]:
     """What the locked wheels say of themselves (lock/artifacts.py), judged by compat.check_artifacts;
-    and whether torch's wheel said which CUDA it is built for."""
+    and where their RECORDs put nvcc and deep_gemm (Artifacts.layout), for the lock's cuda facts."""
     from imagebuild.lock.artifacts import read_artifacts
     artifacts = read_artifacts(locked.wheels, cache_dir() / "wheel-files", progress)
     requirements = {name: found for name in artifacts.wheels if name != "torch"
@@ -191,7 +191,7 @@ def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = quiet) 
         findings.append(compat.Finding("warning", "wheel-unread", f"the file list of {name} could not be read, "
                                        "so it was not checked for overlaps or CUDA builds", why,
                                        "relock when the index answers", compat.ARTIFACT_SOURCE))
-    return findings, artifacts.torch_cuda() is not None
+    return findings, artifacts.layout()
 
 
 def patch_findings(recipe: Recipe, locked: Lock) -> list:
@@ -205,7 +205,8 @@ def patch_findings(recipe: Recipe, locked: Lock) -> list:
             continue
         findings.append(compat.Finding(
             "error", "patch-does-not-apply",
-            f"the patch {result.patch} does not apply to {result.package} {result.checked}",
+            f"the patch {result.patch} does not apply to {result.package} {result.checked}: "
+            + "; ".join(result.problems),
             "; ".join(result.problems),
             f"regenerate the patch against {result.package} {result.checked}, or pin the release it was "
             f"made for (`imagebuild patches {recipe.path} --version {result.package}==VERSION` checks one)",
@@ -298,7 +299,10 @@ def resolved(recipe: Recipe, progress: Progress = quiet, *, old: Lock | None = N
              f"on {base.uv_platform}")
     new = resolve_lock(recipe, base)
     findings = compat.check_resolved(recipe, new.packages, base.glibc)
-    found, _ = artifact_findings(recipe, new, progress)
+    found, layout = artifact_findings(recipe, new, progress)
+    if layout:
+        from dataclasses import replace
+        new = replace(new, cuda={**new.cuda, **layout})
     findings = merged(findings, found)
     if recipe.patches:
         progress(f"checking {len(recipe.patches)} patch(es) against the locked wheels")

@@ -82,11 +82,13 @@ def site_packages(lock: Lock) -> str:
 
 
 def cuda_home(lock: Lock) -> str | None:
-    """Where the pip CUDA toolchain lands: site-packages/nvidia/cu<major> (CUDA 13 wheels onward)."""
-    nvcc = lock.packages.get("nvidia-cuda-nvcc")
-    if nvcc is None or Version(nvcc).major < 13:
-        return None  # CUDA 12's pip packages ship no nvcc (FACTS: PyPI CUDA toolchain wheels)
-    return f"{site_packages(lock)}/nvidia/cu{Version(nvcc).major}"
+    """The toolkit folder holding the bin/nvcc a locked wheel's RECORD names (the lock's cuda.nvcc):
+    site-packages/nvidia/cu13 for CUDA 13's wheels. None when no locked wheel ships an nvcc binary
+    (CUDA 12's nvcc wheels ship ptxas only)."""
+    nvcc = (lock.cuda or {}).get("nvcc")
+    if not nvcc:
+        return None
+    return f"{site_packages(lock)}/{nvcc.rsplit('/', 2)[0]}"
 
 
 def toolchain_links(lock: Lock) -> tuple[Link, ...]:
@@ -208,8 +210,9 @@ def aot_values(lock: Lock, recipe: Recipe) -> dict | None:
 def expectations(lock: Lock, imports: tuple[str, ...] = (), aot: dict | None = None) -> dict:
     """What the in-image probe checks the image against (imagebuild/payload/probe/expect.py reads this file)."""
     home = cuda_home(lock)
-    cuda = dict(lock.cuda, home=home) if lock.cuda and home else None
-    deep_gemm = any(name in lock.packages for name in ("sgl-deep-gemm", "deep-gemm"))
+    summary = {key: value for key, value in (lock.cuda or {}).items() if key not in ("nvcc", "deep_gemm")}
+    cuda = dict(summary, home=home) if summary and home else None
+    deep_gemm = bool((lock.cuda or {}).get("deep_gemm"))  # a locked wheel installs a deep_gemm package
     has_torch = "torch" in lock.packages
     return {"python": {"executable": f"{VENV}/bin/python", "version": lock.base.python},
             "packages": lock.packages, "cuda": cuda,

@@ -4,6 +4,7 @@ test's own beside it."""
 from __future__ import annotations
 
 import os
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -17,6 +18,20 @@ settings.register_profile("imagebuild", deadline=None)
 settings.load_profile("imagebuild")
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def missing_tool(*tools: str, package: str = "") -> None:
+    """Skip a test whose host tool is missing, saying which and how to install it; under CI (CI=true),
+    where scripts/host.sh installs every tool the suite uses, fail instead: a skip there hides a gap."""
+    missing = [tool for tool in tools if not (Path(tool).exists() if tool.startswith("/") else shutil.which(tool))]
+    if missing:
+        why = f"needs {', '.join(missing)}" + (f" (apt-get install -y {package})" if package else "")
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
+
+
+def pytest_runtest_setup(item):
+    for marker in item.iter_markers("needs_tool"):
+        missing_tool(*marker.args, package=marker.kwargs.get("package", ""))
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from tests.conftest import missing_tool
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -45,7 +47,7 @@ PROPRIETARY_MODULE = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version} 
 
 def uv(*args: str, timeout: int = 900) -> None:
     if UV is None:
-        pytest.skip("uv is not installed")
+        missing_tool("uv")
     done = subprocess.run([UV, *args], capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
@@ -82,7 +84,10 @@ def apply_flashinfer_patch(venv) -> None:
 def cpu_torch() -> tuple:
     if CPU_TORCH_WHEEL.is_file():
         return (str(CPU_TORCH_WHEEL),)
-    pytest.skip(f"no CPU torch file at {CPU_TORCH_WHEEL}: PyTorch's own index is not reachable from here")
+    # Not tried: CPU-only torch builds are published on PyTorch's own index alone (PyPI's torch carries
+    # CUDA), and no machine of this project reaches that index; some have the wheel in a local folder.
+    pytest.skip(f"no CPU torch wheel at {CPU_TORCH_WHEEL} (a local folder of this machine's): PyPI has no "
+                "CPU-only torch build and PyTorch's own index was not tried (unreachable from these machines)")
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,19 @@ class Artifacts:
         return {name: any(path.endswith("/bin/nvcc") for path in facts.files)
                 for name, facts in self.wheels.items() if name.startswith("nvidia-cuda-nvcc")}
 
+    def layout(self) -> dict:
+        """Where the image's CUDA pieces land, as the wheels' RECORDs say: `nvcc` (the site-packages path
+        of bin/nvcc, whose toolkit folder is the CUDA home) and `deep_gemm` (the distribution that installs
+        a top-level deep_gemm package), each only when a RECORD names it."""
+        found = {}
+        for name, facts in sorted(self.wheels.items()):
+            nvcc = sorted(path for path in facts.files if path.endswith("/bin/nvcc") and path.count("/") >= 2)
+            if nvcc and "nvcc" not in found:
+                found["nvcc"] = nvcc[0]
+            if "deep_gemm/__init__.py" in facts.files and "deep_gemm" not in found:
+                found["deep_gemm"] = name
+        return found
+
     def requires_of(self, name: str, dependency: str) -> list[Requirement]:
         """What a wheel requires of a dependency in the image (Linux, no extras asked for)."""
         facts = self.wheels.get(name)

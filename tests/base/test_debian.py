@@ -574,7 +574,7 @@ def our_order(a: str, b: str) -> int | str:
         return "refused"
 
 
-@pytest.mark.skipif(shutil.which("dpkg") is None, reason="dpkg is not installed")
+@pytest.mark.needs_tool("dpkg", package="dpkg")
 @settings(max_examples=60, deadline=None)
 @given(st.one_of(versions(), st.text("0123ab~+.-:_", min_size=1, max_size=7)),
        st.one_of(versions(), st.text("0123ab~+.-:_", min_size=1, max_size=7)))

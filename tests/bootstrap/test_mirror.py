@@ -33,7 +33,7 @@ STANZA = (b"Package: zlib1g\nVersion: 1:1.2.13.dfsg-1\nArchitecture: amd64\n"
           b"Filename: pool/main/z/zlib/zlib1g_1.2.13.dfsg-1_amd64.deb\nSize: 3\nSHA256: " + b"a" * 64 + b"\n")
 
 
-@pytest.mark.skipif(not DEBIAN_KEYRING.is_file(), reason="Debian's archive keyring is not installed")
+@pytest.mark.needs_tool(str(DEBIAN_KEYRING), "gpgv", package="debian-archive-keyring gpgv")
 def test_the_real_inrelease_verifies_and_one_changed_byte_is_refused(tmp_path):
     real = Archives(suite_uris(DebianBase(suite="bookworm")), cache=tmp_path / "cache")
     release = real.release("bookworm")

@@ -63,7 +63,7 @@ def test_a_build_that_fails_before_any_step_is_the_tools_tail(engine, tmp_path):
     assert "no image was tagged. Last lines:" in str(error) and error.details() == {}
 
 
-@pytest.mark.skipif(not shutil.which("buildah"), reason="needs buildah (apt-get install -y buildah)")
+@pytest.mark.needs_tool("buildah", package="buildah")
 def test_a_failed_buildah_step_names_the_step_and_the_cause(tmp_path):
     (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY a /etc/a\nCOPY missing /etc/missing\n")
     (tmp_path / "a").write_text("hi\n")

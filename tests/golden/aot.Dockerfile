@@ -64,7 +64,7 @@ COPY imagebuild/probe.pyz imagebuild/expect.json imagebuild/lock.json /opt/image
 LABEL "io.imagebuild.base"="imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee" \
     "io.imagebuild.cuda"="13.0" \
     "io.imagebuild.cuda.archs"="sm_120a" \
-    "io.imagebuild.lock.sha256"="9f9d3358b927fb702e61d468c89d7d8f3eba8869b159184891a2292bb0820e9c" \
+    "io.imagebuild.lock.sha256"="85a52b2e6c294fc59b108bed6f684548e8b0b3ec8b9e0d4c82143d194d9a1e3b" \
     "io.imagebuild.recipe"="cuda-toolchain" \
     "io.imagebuild.recipe.sha256"="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" \
     "io.imagebuild.template.sha256"="bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" \

@@ -42,7 +42,7 @@ COPY imagebuild/probe.pyz imagebuild/expect.json imagebuild/lock.json /opt/image
 LABEL "io.imagebuild.base"="imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee" \
     "io.imagebuild.cuda"="13.0" \
     "io.imagebuild.cuda.archs"="sm_120a" \
-    "io.imagebuild.lock.sha256"="50786a42a32155d82b0e2e019f734d57db0e8416f3f7715af8aa414d7e2247b6" \
+    "io.imagebuild.lock.sha256"="db6550dad729adccfa7fd1249b6c41a1451488d5c99d605391d67c91b2ca794f" \
     "io.imagebuild.recipe"="cuda-toolchain" \
     "io.imagebuild.recipe.sha256"="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" \
     "io.imagebuild.template.sha256"="bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" \

@@ -58,7 +58,7 @@ COPY imagebuild/probe.pyz imagebuild/expect.json imagebuild/lock.json /opt/image
 LABEL "io.imagebuild.base"="imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee" \
     "io.imagebuild.cuda"="13.0" \
     "io.imagebuild.cuda.archs"="sm_120a" \
-    "io.imagebuild.lock.sha256"="be649e17c68ae4dce5c71eec848e80cc9efc97ba96682e69bcfd730a6fed34bb" \
+    "io.imagebuild.lock.sha256"="231c74e12bad7b31ffdd24735d235944cea5979009748f6c9af7032b90f4dd71" \
     "io.imagebuild.patches"="sgl-deep-gemm:ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff" \
     "io.imagebuild.recipe"="cuda-toolchain" \
     "io.imagebuild.recipe.sha256"="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" \

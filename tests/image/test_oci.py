@@ -244,8 +244,7 @@ def test_two_exports_of_differently_timed_saves_agree(tmp_path):
     assert (a.manifest_digest, a.diff_ids) == (b.manifest_digest, b.diff_ids)
 
 
-@pytest.mark.skipif(not shutil.which("oci-image-tool") or not shutil.which("umoci"),
-                    reason="needs Debian's oci-image-tool and umoci")
+@pytest.mark.needs_tool("oci-image-tool", "umoci", package="oci-image-tool umoci")
 def test_layout_passes_oci_image_tool_and_umoci_unpacks_it(tmp_path):
     export_archive(saved_archive([make_tar(sample_members())], engine_config(1)), tmp_path / "layout")
     check = subprocess.run(["oci-image-tool", "validate", "--type", "image", str(tmp_path / "layout")],

@@ -116,8 +116,7 @@ def test_two_exports_give_one_index_digest(images, tmp_path, capsys):
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not shutil.which("skopeo") or not shutil.which("oci-image-tool"),
-                    reason="needs skopeo and Debian's oci-image-tool")
+@pytest.mark.needs_tool("skopeo", "oci-image-tool", package="skopeo oci-image-tool")
 def test_each_platform_is_a_standard_image_an_independent_client_picks(images, tmp_path, capsys):
     """oci-image-tool (2017) knows no image index: skopeo picks each platform out of it, by its
     `platform`, and the validator checks what it picked."""

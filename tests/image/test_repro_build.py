@@ -162,7 +162,7 @@ def test_two_builds_of_one_lock_give_one_manifest_digest(builds):
     assert len(a.diff_ids) == 8
 
 
-@pytest.mark.skipif(not shutil.which("oci-image-tool"), reason="needs Debian's oci-image-tool")
+@pytest.mark.needs_tool("oci-image-tool", package="oci-image-tool")
 def test_the_layout_is_a_standard_oci_layout(builds):
     check = subprocess.run(["oci-image-tool", "validate", "--type", "image", str(builds.a.layout.path)],
                            capture_output=True, text=True)
@@ -226,7 +226,7 @@ def test_a_changed_installed_file_fails_verify(engine, builds, made, monkeypatch
     assert [(m["what"], m["subject"]) for m in report["mismatches"]] == [("file", target)]
 
 
-@pytest.mark.skipif(not shutil.which("buildah"), reason="needs buildah (apt-get install -y buildah)")
+@pytest.mark.needs_tool("buildah", package="buildah")
 def test_buildah_builds_the_same_context_and_it_verifies(builds, tmp_path):
     from imagebuild.engine.buildah import BuildahEngine
     buildah = BuildahEngine()
@@ -251,7 +251,7 @@ def test_buildah_builds_the_same_context_and_it_verifies(builds, tmp_path):
             buildah.remove(lock.base.image_ref)
 
 
-@pytest.mark.skipif(not shutil.which("buildah"), reason="needs buildah (apt-get install -y buildah)")
+@pytest.mark.needs_tool("buildah", package="buildah")
 def test_buildah_engine_contract_on_a_tiny_image(tmp_path):
     import tarfile
 

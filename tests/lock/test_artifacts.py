@@ -19,6 +19,7 @@ from imagebuild import pipeline
 from imagebuild.compat import check_artifacts, check_overlaps, has_errors
 from imagebuild.errors import FindingsFailed
 from imagebuild.knowledge.cuda import CudaVersion
+from imagebuild.recipe.model import load_recipe
 from imagebuild.lock.artifacts import Artifacts, Overlap, WheelFacts, parse_metadata, parse_record, runtime_cuda
 
 CU130, CU128 = CudaVersion(13, 0), CudaVersion(12, 8)
@@ -191,6 +192,32 @@ def test_cuda13_nvcc_wheels_carry_nvcc(write_recipe, pin):
     toolkit = ".".join(pin.split("==")[1].split(".")[:2])
     findings = lock_findings(write_recipe, [pin], toolkit, "nvcc-13")
     assert "toolchain-without-nvcc" not in rules(findings)
+    # Where bin/nvcc is, as its RECORD says, is the lock's fact the CUDA home is rendered from.
+    assert resolved(write_recipe, [pin], toolkit, "nvcc-13").cuda["nvcc"] == "nvidia/cu13/bin/nvcc"
+
+
+def resolved(write_recipe, requirements: list[str], toolkit: str | None, name: str):
+    """The lock a resolve gives, whatever the rules then say of it."""
+    text = RECIPE.format(requirements=repr(requirements).replace("'", '"'),
+                         cuda=CUDA.format(toolkit=toolkit) if toolkit else "")
+    return pipeline.resolved(load_recipe(write_recipe(text, name)))[0]
+
+
+@pytest.mark.parametrize("pin", ["sgl-deep-gemm==0.2.2", "sgl-deep-gemm==0.2.3.post2", "sgl-deep-gemm==0.2.5"])
+def test_the_distribution_installing_deep_gemm_is_read_from_its_record(write_recipe, pin):
+    assert resolved(write_recipe, [pin], "13.0", "deep-gemm").cuda["deep_gemm"] == "sgl-deep-gemm"
+    # The negative control: no wheel installs a deep_gemm package, so the lock names none (and render
+    # plans no deep_gemm compile), whatever a distribution is called.
+    assert "deep_gemm" not in resolved(write_recipe, ["nvidia-cuda-nvcc==13.0.88"], "13.0", "no-deep-gemm").cuda
+
+
+def test_layout_reads_nvcc_and_deep_gemm_from_file_lists_not_names():
+    found = Artifacts(wheels={
+        "nvidia-cuda-nvcc": facts("nvidia-cuda-nvcc", {"nvidia/cu13/bin/nvcc": "sha256=x", "nvidia/cu13/bin/ptxas": ""}),
+        "my-deep-gemm-fork": facts("my-deep-gemm-fork", {"deep_gemm/__init__.py": "", "deep_gemm/include/x.cuh": ""}),
+        "nvidia-cuda-nvcc-cu12": facts("nvidia-cuda-nvcc-cu12", {"nvidia/cuda_nvcc/bin/ptxas": ""})})
+    assert found.layout() == {"nvcc": "nvidia/cu13/bin/nvcc", "deep_gemm": "my-deep-gemm-fork"}
+    assert Artifacts(wheels={"x": facts("x", {"nvidia/cuda_nvcc/bin/ptxas": ""})}).layout() == {}
 
 
 def test_opencv_beside_opencv_headless_is_a_file_overlap_error(write_recipe):

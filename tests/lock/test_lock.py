@@ -65,7 +65,8 @@ def _lock(wheels=None) -> Lock:
     return Lock(recipe="cuda-toolchain", recipe_sha256="a" * 64, tool_version="0.1.0",
                 template_sha256="b" * 64, base=BOOKWORM, python_platform=BOOKWORM.uv_platform,
                 resolver="uv 0.13.9", wheels=wheels,
-                cuda={"toolkit": "13.0", "archs": ["sm_120a"], "min_driver": "595.71.05"})
+                cuda={"toolkit": "13.0", "archs": ["sm_120a"], "min_driver": "595.71.05",
+                      "nvcc": "nvidia/cu13/bin/nvcc", "deep_gemm": "sgl-deep-gemm"})
 
 
 def test_lock_round_trips_byte_identically():

@@ -65,7 +65,9 @@ def test_lock_refuses_a_patch_that_no_longer_applies_and_writes_nothing(write_re
         pipeline.lock(path)
     (finding,) = refused.value.findings
     assert finding.rule == "patch-does-not-apply" and finding.severity == "error"
-    assert finding.message == f"the patch {path.parent / 'requests.patch'} does not apply to requests 2.32.3"
+    assert finding.message.startswith(f"the patch {path.parent / 'requests.patch'} does not apply to requests "
+                                      "2.32.3: requests/__version__.py: hunk 1 of 1 (@@ -1,3 +1,3 @@)")
+    assert "requests/__version__.py: hunk 1 of 1" in str(refused.value)  # the error lock prints names file and hunk
     assert finding.evidence.startswith("requests/__version__.py: hunk 1 of 1 (@@ -1,3 +1,3 @@)")
     assert "imagebuild patches" in finding.fix
     assert not (path.parent.parent / "lockfiles" / "test.lock").exists()

@@ -17,6 +17,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from tests.conftest import missing_tool
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -198,7 +200,7 @@ def test_generator_reader_never_raises(data):
 def _uv() -> str:
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     if uv is None:
-        pytest.skip("uv is not installed")
+        missing_tool("uv")
     return uv
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from tests.conftest import missing_tool
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -283,7 +285,7 @@ def cuda_venv(tmp_path_factory):
     """uv installs the wheels (its cache, ~/.cache/uv by default, makes reruns take seconds)."""
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     if uv is None:
-        pytest.skip("uv is not installed")
+        missing_tool("uv")
     root = tmp_path_factory.mktemp("probe") / "venv"
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(root)], check=True, timeout=120)
     python = root / "bin" / "python"

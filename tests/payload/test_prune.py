@@ -23,8 +23,7 @@ from imagebuild.recipe.model import parse_recipe
 from tests.payload.test_apply_patch import install, record_hash
 
 REPO = Path(__file__).resolve().parents[2]
-needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("strip") is None,
-                               reason="gcc and binutils make the ELF files")
+needs_gcc = pytest.mark.needs_tool("gcc", "strip", package="gcc binutils")  # they make the ELF files
 
 
 def dist(site: Path, name: str, files: dict[str, bytes]) -> Path:

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .deep_gemm_release import SM120_KERNELS, NoKernel, Unreadable, jit_command, jit_generators, kernel_plan, sm_targets
 from .report import FAIL, PASS, SKIP, UNKNOWN, make_check
-from .system import deep_gemm_cuda_home, installed_distributions, package_dir, run_command
+from .system import deep_gemm_cuda_home, package_dir, run_command
 
 EM_CUDA = 190  # ELF e_machine of a cubin
 COMPILE_TIMEOUT_S = 600
@@ -79,6 +79,19 @@ def plan_compiles(package: str, targets: list, environ=None) -> tuple:
     return jobs, commands
 
 
+def deep_gemm_distribution() -> tuple:
+    """(name, version) of the installed distribution whose RECORD holds deep_gemm/__init__.py, whatever
+    it is called; ("?", "?") when none does."""
+    import importlib.metadata
+    for dist in importlib.metadata.distributions():
+        try:
+            if any(str(path) == "deep_gemm/__init__.py" for path in dist.files or ()):
+                return dist.metadata["Name"] or "?", dist.version
+        except Exception:  # a broken dist-info must not stop the probe
+            continue
+    return "?", "?"
+
+
 def check_deep_gemm_sm120(expect: dict, workdir: str | None = None, skip_compile: bool = False) -> dict:
     name = "deep-gemm-sm120"
     if not (expect.get("deep_gemm") or {}).get("compile"):
@@ -93,10 +106,9 @@ def check_deep_gemm_sm120(expect: dict, workdir: str | None = None, skip_compile
     package = package_dir("deep_gemm")
     if package is None:
         return make_check(name, FAIL, "deep_gemm is not installed")
-    distributions = installed_distributions()
-    version = next((", ".join(distributions[name]) for name in ("sgl-deep-gemm", "deep-gemm")
-                    if name in distributions), "?")
-    evidence = {"package": package, "version": version, "targets": [f"sm_{sm}" for sm in targets]}
+    owner, version = deep_gemm_distribution()
+    evidence = {"package": package, "distribution": owner, "version": version,
+                "targets": [f"sm_{sm}" for sm in targets]}
     try:
         jobs, evidence["jit"] = plan_compiles(package, targets)
     except NoKernel as error:
