@@ -34,6 +34,14 @@ def pytest_runtest_setup(item):
         missing_tool(*marker.args, package=marker.kwargs.get("package", ""))
 
 
+@pytest.fixture(scope="session")
+def real_nvcc(tmp_path_factory):
+    """The pip toolchain's own nvcc (tests/real_nvcc.py), for readers of cubins and fat binaries."""
+    missing_tool("g++", package="g++")
+    from tests.real_nvcc import RealNvcc
+    return RealNvcc(tmp_path_factory.mktemp("real-nvcc"))
+
+
 @pytest.fixture
 def write_recipe(tmp_path):
     """Write a recipe under tmp/recipes/NAME.toml (so its lock goes to tmp/lockfiles/NAME.lock)."""

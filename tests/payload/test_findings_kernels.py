@@ -3,8 +3,10 @@ each test that names one says so; the cache folders hold cubin headers as nvcc w
 
 from __future__ import annotations
 
+import shutil
 import struct
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,7 +14,8 @@ from imagebuild.payload.probe.findings_kernels import cached_archs, cubin_arch, 
 
 
 def write_cubin(path, sm: int) -> None:
-    """An ELF64 header as nvcc writes a cubin: machine EM_CUDA (190), the SM in e_flags bits 8..15."""
+    """A cubin-shaped ELF64 header of the test's own (machine EM_CUDA 190, the SM in e_flags bits 8..15),
+    for the edge cases; what nvcc really writes is read in the real_nvcc tests below."""
     head = bytearray(64)
     head[:4] = b"\x7fELF"
     head[4], head[5] = 2, 1
@@ -73,3 +76,23 @@ def test_mock_gpu_a_cache_for_this_gpu_hits_and_one_for_another_misses(tmp_path,
 
 def test_without_deep_gemm_there_is_nothing_to_report(tmp_path):
     assert finding_deep_gemm_cache({"deep_gemm_jit": {"installed": False}})["status"] == "skip"
+
+
+@pytest.mark.parametrize("arch, sm", [("sm_90a", 90), ("sm_100a", 100), ("sm_120a", 120)])
+def test_cubin_arch_reads_cubins_the_real_nvcc_wrote(real_nvcc, arch, sm):
+    assert cubin_arch(str(real_nvcc.cubin(arch))) == sm
+
+
+def test_a_host_object_nvcc_wrote_is_no_cubin(real_nvcc):
+    """The negative control: an ELF nvcc made for the host (EM_X86_64, fat binary inside) is not a cubin."""
+    assert cubin_arch(str(real_nvcc.library("host", (120,)))) is None
+
+
+def test_mock_gpu_a_real_cubin_in_the_cache_hits_its_gpu_and_misses_another(real_nvcc, tmp_path, monkeypatch):
+    monkeypatch.delenv("SGLANG_ENABLE_JIT_DEEPGEMM", raising=False)
+    target = tmp_path / "dg" / "cache" / "kernel.sm120_bf16_gemm" / "kernel.cubin"
+    target.parent.mkdir(parents=True)
+    shutil.copyfile(real_nvcc.cubin("sm_120a"), target)
+    assert cached_archs(str(tmp_path / "dg")) == (1, {120})
+    assert finding_deep_gemm_cache(facts(tmp_path / "dg", "12.0"))["status"] == "pass"  # a stand-in RTX PRO 6000
+    assert finding_deep_gemm_cache(facts(tmp_path / "dg", "9.0"))["status"] == "warn"  # a stand-in H100

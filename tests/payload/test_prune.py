@@ -173,7 +173,9 @@ def test_bad_prune_tables_name_the_line_and_key(tmp_path, table, match):
 # ---------------------------------------------------------------- what to prune: probe/waste.py
 
 def fatbin(entries: list[tuple[int, int]], payload_size: int = 40_000) -> bytes:
-    """A fat binary as nvcc lays it out: a 16-byte header, then (kind, arch) entries with payloads."""
+    """A fat binary of the test's own in nvcc's layout (a 16-byte header, then (kind, arch) entries with
+    payloads), for what nvcc never writes (a header claiming no size, a token fat binary beside padding);
+    what nvcc really writes is read in the real_nvcc tests below."""
     body = b""
     for kind, arch in entries:
         payload = b"\0" * payload_size
@@ -278,3 +280,21 @@ def test_waste_readers_never_raise_on_any_bytes(elf, magic, data):
         assert isinstance(waste.elf_sections(handle.name), dict)
         sass, ptx = waste.fatbin_code(handle.name, len(head), len(body))
         assert isinstance(sass, set) and isinstance(ptx, set)
+
+
+@pytest.mark.parametrize("sass, ptx", [((80, 90, 120), (120,)), ((90,), ()), ((100, 120), ())])
+def test_fat_binary_archs_are_read_from_what_the_real_nvcc_wrote(real_nvcc, sass, ptx):
+    path = real_nvcc.library("k" + "-".join(map(str, sass + ptx)), sass, ptx)
+    assert waste.fatbin_code(str(path), *waste.elf_sections(str(path))[".nv_fatbin"]) == (set(sass), set(ptx))
+
+
+def test_waste_names_a_real_library_without_code_for_the_target_and_keeps_one_with_it(real_nvcc, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.setattr(waste, "MIN_REPORTED", 1)
+    site = tmp_path / "site"
+    dist(site, "kernels", {"k/hopper_ops.so": real_nvcc.library("hopper", (90,)).read_bytes(),
+                           "k/bw_ops.so": real_nvcc.library("bw", (90, 120)).read_bytes(),
+                           "k/ptx_ops.so": real_nvcc.library("ptx", (), (90,)).read_bytes()})
+    found = {c.path: c for c in waste.find_waste(str(site), 120)}
+    assert found["k/hopper_ops.so"].kind == "no-code-for-target" and "sm_90" in found["k/hopper_ops.so"].detail
+    assert "k/bw_ops.so" not in found and "k/ptx_ops.so" not in found  # SASS for 120; PTX 90 JITs up to it
