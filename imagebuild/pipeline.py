@@ -370,6 +370,21 @@ def _smoke_cache(image_id: str, gpus: bool) -> Path:
     return cache_dir() / "smoke" / f"{key}.json"
 
 
+def smoke_passed(image_id: str) -> bool:
+    """Whether a smoke pass of this image id, under this probe, is on record (with or without GPUs)."""
+    return any(_smoke_cache(image_id, gpus).is_file() for gpus in (False, True))
+
+
+def lock_built(info: ImageInfo) -> str | None:
+    """The lock sha256 this engine image was built from here and passed its smoke test for, else None:
+    the label alone is inherited by derived images, so it must be this very image on record."""
+    from imagebuild.render import LABEL_PREFIX
+    locked = info.labels.get(f"{LABEL_PREFIX}.lock.sha256")
+    if locked and info.id in built.images_built(locked) and smoke_passed(info.id):
+        return locked
+    return None
+
+
 def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | None = None,
           progress: Progress = quiet) -> SmokeReport:
     """Run the image's own probe against its own expectations, offline, in a throwaway container."""
@@ -457,7 +472,7 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     if registry is not None and not rebuild:
         clock = time.monotonic()
         hit = reuse_by_lock(registry, current.sha256, split_ref(tag or f"{recipe.name}:{recipe.tag}")[1], progress,
-                            expected=built.pushed_digest(current.sha256, registry.repository))
+                            expected=built.pushed_digest(current.sha256, _repository(registry)))
         if hit:
             timings["registry"] = time.monotonic() - clock
             progress(f"reusing {hit.reference}: the registry holds the image built from this lock "
@@ -527,6 +542,12 @@ def _cached(report: BuildReport, cache: BuildCache | None, engine: Engine, progr
         report.seconds["cache_push"] = time.monotonic() - clock
 
 
+def _repository(target: RegistryTarget) -> str:
+    """HOST[:PORT]/REPOSITORY, however the target was written: how pushes for a lock are on record."""
+    ref = target.reference("x")
+    return f"{ref.registry}/{ref.repository}"
+
+
 def _pushed(report: BuildReport, registry: RegistryTarget | None, current: Lock, engine: Engine,
             progress: Progress) -> BuildReport:
     """With a registry: the smoke-tested image pushed under the recipe's tag and its lock tag."""
@@ -534,7 +555,7 @@ def _pushed(report: BuildReport, registry: RegistryTarget | None, current: Lock,
         return report
     clock = time.monotonic()
     hit = push_by_lock(engine, report.image, registry, current.sha256, split_ref(report.image)[1], progress)
-    built.record_push(current.sha256, registry.repository, hit.digest)
+    built.record_push(current.sha256, _repository(registry), hit.digest)
     report.seconds["push"] = time.monotonic() - clock
     report.registry = {**asdict(hit), "pushed": True}
     return report

@@ -39,7 +39,7 @@ ALLOWED = {
     "pipeline": LOW | {"base", "bootstrap", "built", "compat", "engine", "lock", "payload", "publish", "recipe", "render"},
     "platforms": LOW | {"bootstrap", "compat", "engine", "lock", "pipeline", "recipe"},
     "doctor": LOW | {"compat", "engine", "knowledge", "payload"},
-    "cli": LOW | {"base", "bootstrap", "compat", "doctor", "engine", "image", "knowledge", "lock", "pipeline", "payload",
+    "cli": LOW | {"base", "bootstrap", "built", "compat", "doctor", "engine", "image", "knowledge", "lock", "pipeline", "payload",
                   "platforms", "publish", "recipe", "render"},
 }
 

@@ -11,7 +11,10 @@ from rich.console import Console
 
 from imagebuild.cli.output import line
 from imagebuild.errors import EXIT_OK, ImagebuildError
-from imagebuild.publish.push_source import export_engine_image
+from imagebuild.built import record_push
+from imagebuild.pipeline import lock_built
+from imagebuild.publish.by_lock import lock_tag
+from imagebuild.publish.push_source import export_engine_image, parse_reference
 from imagebuild.publish.registry import DEFAULT_CHUNK, push
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -56,6 +59,7 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
         err.print(line(("›", "bold cyan"), " ", text))
 
     source = Path(args.source)
+    locked = None
     with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:
         exported = ""
         if not source.is_dir():
@@ -64,12 +68,20 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
             if engine is None or not engine.image_exists(args.source):
                 raise ImagebuildError(f"{args.source} is neither an OCI layout directory nor an "
                                       f"image in the engine")
+            # An image built here from a lock, smoke-tested, goes up under its lock tag too, so the next
+            # runner's `build --registry` finds it (never a derived image: its label is inherited).
+            locked = lock_built(engine.inspect(args.source))
             source = Path(tmp) / "layout"
             exported = export_engine_image(engine, args.source, source, progress)
+        ref = parse_reference(args.reference)
         report = push(source, args.reference, layout_name=args.layout_name, ca_cert=args.ca_cert,
                       insecure_http=args.insecure_http, mount_from=args.mount_from,
-                      chunk_size=args.chunk_size, retries=args.retries, progress=progress)
+                      chunk_size=args.chunk_size, retries=args.retries,
+                      also_tags=[lock_tag(locked)] if locked else [], progress=progress)
         report.source, report.exported_with = args.source, exported
+        if locked:
+            report.lock_tag = lock_tag(locked)
+            record_push(locked, f"{ref.registry}/{ref.repository}", report.digest)
     if args.digest_file:
         args.digest_file.write_text(report.digest + "\n")
     if args.json:
@@ -80,5 +92,7 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
                    f"{counts['exists']} already there; {report.bytes_sent} bytes sent in {report.seconds:.1f} s"))
     for entry in report.platforms:
         out.print(line("  ", entry["platform"] or "(no platform)", "  ", entry["digest"]))
+    if report.lock_tag:
+        out.print(line("also tagged ", report.lock_tag, ": built here from that lock and smoke-tested"))
     out.print(line(report.pinned))
     return EXIT_OK

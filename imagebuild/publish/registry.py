@@ -94,6 +94,7 @@ class PushReport:
     seconds: float
     exported_with: str = ""  # how an engine image became a layout, when it was one
     platforms: list[dict] = field(default_factory=list)  # an index's: platform, manifest digest, referrers
+    lock_tag: str = ""  # lock-<sha256>, when the image was built here from that lock and pushed under it too
 
     @property
     def bytes_sent(self) -> int:
@@ -109,6 +110,7 @@ class PushReport:
                 "exported_with": self.exported_with or None, "manifests": self.manifests,
                 "bytes_sent": self.bytes_sent, "retries": self.retries,
                 "seconds": round(self.seconds, 3), "blobs": [b.to_dict() for b in self.blobs],
+                "lock_tag": self.lock_tag or None,
                 **({"platforms": self.platforms} if self.platforms else {})}
 
 
@@ -271,8 +273,9 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
          credentials: Credentials | None = None, ca_cert: str | Path | None = None,
          insecure_http: bool = False, mount_from: Sequence[str] = (),
          chunk_size: int = DEFAULT_CHUNK, retries: int = 5, backoff: float = 0.5,
-         remember: bool = True, progress: Progress = _quiet) -> PushReport:
-    """Push the image in the OCI layout `source` to `reference` (HOST[:PORT]/REPO[:TAG])."""
+         remember: bool = True, also_tags: Sequence[str] = (), progress: Progress = _quiet) -> PushReport:
+    """Push the image in the OCI layout `source` to `reference` (HOST[:PORT]/REPO[:TAG]), and then under
+    each of `also_tags` in the same repository (the same manifest bytes: the same digest)."""
     started = time.monotonic()
     ref = parse_reference(reference) if isinstance(reference, str) else reference
     image = read_layout(source, layout_name)
@@ -292,6 +295,8 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
     results = [pusher.push_blob(blob, sources[blob.digest]) for blob in blobs]
     for manifest in everything:  # referrers and children by digest, the image itself last, by tag
         pusher.put_manifest(manifest, (ref.tag or ref.digest) if manifest is image else manifest.digest)
+    for tag in also_tags:
+        pusher.put_manifest(image, tag)
     cache.record(ref.registry, ref.repository, [b.digest for b in blobs])
     cache.save()
     platforms = [{"platform": child.platform or None, "digest": child.digest,

@@ -84,3 +84,38 @@ def test_second_run_of_an_unchanged_lock_reuses_the_pushed_image_without_downloa
         assert again.registry["pushed"] is True and again.registry["digest"] == first.registry["digest"]
     finally:
         engine.remove(ref)
+
+
+def test_push_of_an_image_built_from_a_lock_also_pushes_its_lock_tag_and_a_derived_image_does_not(
+        engine, registry, capsys, tmp_path):
+    """`imagebuild push` is the other way CI publishes: the image this machine built from the lock (and
+    smoke-tested) goes up under lock-<sha256> too, so the next runner's build --registry finds it; an
+    image made FROM it carries the same label but is not the lock's image, and gets no lock tag."""
+    repository = f"{registry.host}/imagebuild-test/push-lock"
+    target = RegistryTarget(repository, insecure_http=True)
+    lock = read_lock(REPO / "lockfiles" / "cuda-toolchain.lock")
+    ref = f"imagebuild-test/push-lock:{os.getpid()}"
+    built = pipeline.build(RECIPE, engine, tag=ref)
+    derived = f"imagebuild-test/push-lock-derived:{os.getpid()}"
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {ref}\nRUN echo app > /opt/app.txt\n")
+    import subprocess
+    made = subprocess.run(["/usr/bin/docker", "build", "-q", "-t", derived, str(tmp_path / "ctx")],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    try:
+        capsys.readouterr()
+        assert cli_main(["push", derived, f"{repository}:derived", "--insecure-http", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["lock_tag"] is None
+        assert find_by_lock(target, lock.sha256) is None  # the negative control: a label is no proof
+        assert cli_main(["push", ref, f"{repository}:{os.getpid()}", "--insecure-http", "--json"]) == 0
+        pushed = json.loads(capsys.readouterr().out)
+        assert pushed["lock_tag"] == lock_tag(lock.sha256)
+        assert find_by_lock(target, lock.sha256) == pushed["digest"]
+    finally:
+        engine.remove(derived)
+        engine.remove(built.image)
+    # The next runner, its engine without the image, finds it by the lock tag push wrote.
+    status = cli_main(["build", str(RECIPE), "--tag", ref, "--registry", repository, "--insecure-http", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0 and report["reused"] is True and report["registry"]["digest"] == pushed["digest"]
