@@ -31,6 +31,7 @@ ALLOWED = {
     "engine": LOW,
     "base": LOW,
     "built": LOW,
+    "caches": LOW,
     "bootstrap": LOW | {"base", "engine", "recipe"},
     "lock": LOW | {"base", "knowledge", "payload", "recipe"},
     "render": LOW | {"lock", "payload", "recipe"},
@@ -39,7 +40,7 @@ ALLOWED = {
     "pipeline": LOW | {"base", "bootstrap", "built", "compat", "engine", "lock", "payload", "publish", "recipe", "render"},
     "platforms": LOW | {"bootstrap", "compat", "engine", "lock", "pipeline", "recipe"},
     "doctor": LOW | {"compat", "engine", "knowledge", "payload"},
-    "cli": LOW | {"base", "bootstrap", "built", "compat", "doctor", "engine", "image", "knowledge", "lock", "pipeline", "payload",
+    "cli": LOW | {"base", "bootstrap", "built", "caches", "compat", "doctor", "engine", "image", "knowledge", "lock", "pipeline", "payload",
                   "platforms", "publish", "recipe", "render"},
 }
 

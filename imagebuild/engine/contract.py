@@ -119,6 +119,14 @@ class Engine(abc.ABC):
     def image_exists(self, ref: str) -> bool:
         return self.inspect(ref) is not None
 
+    def cache_mounts(self) -> list[dict]:
+        """The engine's build cache mounts that imagebuild's builds fill: id, bytes, description,
+        last_used. An engine whose builds keep no such mounts answers []."""
+        return []
+
+    def remove_cache_mount(self, mount_id: str) -> None:
+        """Remove one build cache record cache_mounts() named, and nothing else."""
+
     def find_labelled(self, key: str, value: str, only: set[str] | None = None) -> str | None:
         """The id of an image whose label key is value (the newest when several are; with `only`, the
         newest of those ids), else None. An engine that cannot search by label answers None, and the

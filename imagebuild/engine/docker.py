@@ -56,6 +56,18 @@ def cache_flags(cache: BuildCache | None) -> list[str]:
     return flags
 
 
+# What marks a BuildKit cache mount as imagebuild's: its step runs the template's own files.
+OWN_STEP = "/opt/imagebuild/"
+_DOCKER_UNITS = {"B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+def docker_size(text: str) -> int:
+    """`310MB`, `3.33kB`, `0B` as Docker prints sizes (decimal units) -> bytes; 0 for anything else."""
+    import re
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKMGT]?B)\s*", text or "")
+    return int(float(match.group(1)) * _DOCKER_UNITS[match.group(2)]) if match else 0
+
+
 class DockerEngine(Engine):
     name = "docker"
 
@@ -150,6 +162,24 @@ class DockerEngine(Engine):
             return RunResult(code, out, err, timed_out)
         finally:
             container.remove(force=True)
+
+    def cache_mounts(self) -> list[dict]:
+        """BuildKit's cache mounts of imagebuild's own build steps: those whose step runs what the
+        template puts under /opt/imagebuild (uv's wheel cache), read from `docker system df -v`."""
+        proc = subprocess.run(self.command("system", "df", "-v", "--format", "{{json .BuildCache}}"),
+                              capture_output=True, text=True)
+        try:
+            records = json.loads(proc.stdout or "[]") if proc.returncode == 0 else []
+        except json.JSONDecodeError:
+            return []
+        return [{"id": str(r.get("ID")), "bytes": docker_size(str(r.get("Size", "0B"))),
+                 "description": str(r.get("Description", "")), "last_used": str(r.get("LastUsedAt", ""))}
+                for r in records if isinstance(r, dict) and r.get("CacheType") == "exec.cachemount"
+                and OWN_STEP in str(r.get("Description", ""))]
+
+    def remove_cache_mount(self, mount_id: str) -> None:
+        subprocess.run(self.command("builder", "prune", "--force", "--filter", f"id={mount_id}"),
+                       capture_output=True, text=True, check=False)
 
     def find_labelled(self, key: str, value: str, only: set[str] | None = None) -> str | None:
         self.check()
