@@ -297,7 +297,8 @@ SHOWN = 5  # paths named per overlap
 
 def check_artifacts(toolkit: CudaVersion | None, packages: Mapping[str, str], *,
                     torch_cuda: tuple[CudaVersion, str] | None = None, nvcc: Mapping[str, bool] | None = None,
-                    torch_requirements: Mapping[str, list] | None = None, overlaps: Iterable = ()) -> list[Finding]:
+                    torch_requirements: Mapping[str, list] | None = None, overlaps: Iterable = (),
+                    cuda12: Mapping[str, str] | None = None) -> list[Finding]:
     """Rules over what the locked wheels say of themselves: torch's CUDA, whether the pip toolchain
     has an nvcc, CUDA 12 builds in a CUDA 13 image, companions built for another torch, and paths
     two distributions both install."""
@@ -320,11 +321,11 @@ def check_artifacts(toolkit: CudaVersion | None, packages: Mapping[str, str], *,
             "in the image and fail at their first kernel.", f"no bin/nvcc in the RECORD of {names}",
             TOOLCHAIN_FIX, ARTIFACT_SOURCE, key="python.requirements"))
     if toolkit is not None and toolkit.major >= 13:
-        for name in sorted(n for n in locked if n.endswith("-cu12")):
+        for name, evidence in sorted((cuda12 or {}).items()):
             findings.append(Finding(
                 "warning", "cuda12-build",
-                f"{name} {locked[name]} is a CUDA 12 build in a CUDA {toolkit} image: it loads CUDA 12 "
-                "libraries the image does not have.", f"locked: {name}=={locked[name]}",
+                f"{name} {locked.get(name, '?')} is a CUDA 12 build in a CUDA {toolkit} image: it loads CUDA 12 "
+                "libraries the image does not have.", f"{name} {locked.get(name, '?')}: {evidence}",
                 f'leave it out with [python].exclude = ["{name}"], or constrain what pulls it in to its CUDA 13 '
                 "build", ARTIFACT_SOURCE, key="python.exclude"))
     torch = locked.get("torch")

@@ -186,7 +186,8 @@ def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = quiet) 
         recipe.cuda.toolkit if recipe.cuda else None, locked.packages, torch_cuda=artifacts.torch_cuda(),
         nvcc=artifacts.nvcc_carriers(), torch_requirements=requirements,
         overlaps=artifacts.overlaps((w.name for w in locked.wheels),
-                                    removed={e.package: e.remove for e in recipe.prune}))
+                                    removed={e.package: e.remove for e in recipe.prune}),
+        cuda12=artifacts.cuda12_builds())
     for name, why in sorted(artifacts.unread.items()):
         findings.append(compat.Finding("warning", "wheel-unread", f"the file list of {name} could not be read, "
                                        "so it was not checked for overlaps or CUDA builds", why,

@@ -71,6 +71,26 @@ class Artifacts:
         return {name: any(path.endswith("/bin/nvcc") for path in facts.files)
                 for name, facts in self.wheels.items() if name.startswith("nvidia-cuda-nvcc")}
 
+    def cuda12_builds(self) -> dict[str, str]:
+        """distribution -> what says it is a CUDA 12 build: a RECORD path in a `cu12` folder or with a
+        `.cu12.` extension tag (nvidia_cutlass_dsl/cu12/lib/…, _cutlass_ir.cu12.cpython-…so), or a
+        METADATA requirement of the CUDA 12 runtime or of another `-cu12` distribution."""
+        found = {}
+        for name, facts in sorted(self.wheels.items()):
+            path = next((p for p in sorted(facts.files) if "/cu12/" in f"/{p}" or ".cu12." in p.rsplit("/", 1)[-1]), None)
+            if path:
+                found[name] = f"its RECORD installs {path}"
+                continue
+            runtime = runtime_cuda(facts.requires)
+            if runtime and runtime[0].major == 12:
+                found[name] = f"its METADATA requires {runtime[1]}"
+                continue
+            needs = next((r for r in _requirements(facts.requires) if applies(r)
+                          and canonicalize_name(r.name).endswith("-cu12")), None)
+            if needs is not None:
+                found[name] = f"its METADATA requires {needs}"
+        return found
+
     def layout(self) -> dict:
         """Where the image's CUDA pieces land, as the wheels' RECORDs say: `nvcc` (the site-packages path
         of bin/nvcc, whose toolkit folder is the CUDA home) and `deep_gemm` (the distribution that installs

@@ -102,10 +102,24 @@ def test_a_toolchain_without_nvcc_is_an_error_naming_the_fix():
     assert check_artifacts(CU130, {}, nvcc={"nvidia-cuda-nvcc-cu12": False, "nvidia-cuda-nvcc": True}) == []
 
 
-def test_cuda12_builds_in_a_cuda13_image_are_named():
-    (finding,) = check_artifacts(CU130, {"nvidia-cutlass-dsl-libs-cu12": "4.3.0", "torch": "2.14.1"})
-    assert finding.rule == "cuda12-build" and 'exclude = ["nvidia-cutlass-dsl-libs-cu12"]' in finding.fix
-    assert check_artifacts(CU128, {"nvidia-cutlass-dsl-libs-cu12": "4.3.0"}) == []
+def test_cuda12_builds_in_a_cuda13_image_are_named_from_what_their_artifacts_say():
+    wheels = {"nvidia-cutlass-dsl-libs-cu12": facts("nvidia-cutlass-dsl-libs-cu12", {
+                  "nvidia_cutlass_dsl/cu12/lib/libcute_dsl_runtime.so": ""}),
+              "some-ops": facts("some-ops", {"ops/_C.cu12.cpython-311-x86_64-linux-gnu.so": ""}),
+              "old-kernels": facts("old-kernels", {"k/__init__.py": ""}, ("nvidia-cuda-runtime-cu12==12.8.90",)),
+              "needs-cu12": facts("needs-cu12", {"n/__init__.py": ""}, ("nvidia-cublas-cu12",)),
+              # the negative controls: a CUDA 13 build, and a package named -cu12 whose files say nothing
+              "nvidia-cutlass-dsl-libs-cu13": facts("nvidia-cutlass-dsl-libs-cu13", {
+                  "nvidia_cutlass_dsl/cu13/lib/libcute_dsl_runtime.so": ""}),
+              "renamed-cu12": facts("renamed-cu12", {"r/__init__.py": ""})}
+    found = Artifacts(wheels=wheels).cuda12_builds()
+    assert set(found) == {"nvidia-cutlass-dsl-libs-cu12", "some-ops", "old-kernels", "needs-cu12"}
+    assert found["nvidia-cutlass-dsl-libs-cu12"] == "its RECORD installs nvidia_cutlass_dsl/cu12/lib/libcute_dsl_runtime.so"
+    locked = {name: "1.0" for name in wheels}
+    findings = check_artifacts(CU130, locked, cuda12=found)
+    assert [f.rule for f in findings] == ["cuda12-build"] * 4
+    assert 'exclude = ["nvidia-cutlass-dsl-libs-cu12"]' in findings[1].fix and "RECORD" in findings[1].evidence
+    assert check_artifacts(CU128, locked, cuda12=found) == []  # a CUDA 12 image wants them
 
 
 def test_a_companion_built_for_another_torch_is_an_error():
@@ -218,6 +232,16 @@ def test_layout_reads_nvcc_and_deep_gemm_from_file_lists_not_names():
         "nvidia-cuda-nvcc-cu12": facts("nvidia-cuda-nvcc-cu12", {"nvidia/cuda_nvcc/bin/ptxas": ""})})
     assert found.layout() == {"nvcc": "nvidia/cu13/bin/nvcc", "deep_gemm": "my-deep-gemm-fork"}
     assert Artifacts(wheels={"x": facts("x", {"nvidia/cuda_nvcc/bin/ptxas": ""})}).layout() == {}
+
+
+@pytest.mark.parametrize("pin, cuda12", [("nvidia-cutlass-dsl-libs-cu12==4.8.1", True),
+                                         ("nvidia-cutlass-dsl-libs-cu13==4.8.1", False)])
+def test_a_real_cuda12_build_is_named_by_its_record_and_its_cuda13_twin_is_not(write_recipe, pin, cuda12):
+    found = rules(lock_findings(write_recipe, [pin, "nvidia-cuda-nvcc==13.0.88"], "13.0", "cutlass"))
+    if cuda12:
+        assert "nvidia_cutlass_dsl/cu12/" in found["cuda12-build"].evidence
+    else:
+        assert "cuda12-build" not in found
 
 
 def test_opencv_beside_opencv_headless_is_a_file_overlap_error(write_recipe):
