@@ -38,6 +38,11 @@ def apt_config(root: Path, arch: str) -> str:
     return text + f'APT::Architectures {{ "{arch}"; }};\nDir::Bin::Methods "/usr/lib/apt/methods";\n'
 
 
+def planned_installs(apt_output: str) -> list[tuple[str, str, str]]:
+    """(name, version, architecture) of each `Inst` line of `apt-get -s install`'s plan."""
+    return [(name.split(":")[0], version, arch) for name, version, arch in _INST.findall(apt_output)]
+
+
 def resolve_debs(indices: list[tuple[str, str, list[PackageEntry]]], asked: list[str], arch: str) -> tuple[LockedDeb, ...]:
     """The .debs apt installs for minbase plus `asked`; indices are (suite, Packages text, entries),
     earlier suites first."""
@@ -69,8 +74,8 @@ def resolve_debs(indices: list[tuple[str, str, list[PackageEntry]]], asked: list
                 name=entry.name, version=entry.version, arch=entry.arch, filename=entry.filename,
                 sha256=entry.sha256, size=entry.size, suite=suite)
     picked = []
-    for name, version, deb_arch in _INST.findall(proc.stdout):
-        deb = found.get((name.split(":")[0], version, deb_arch))
+    for name, version, deb_arch in planned_installs(proc.stdout):
+        deb = found.get((name, version, deb_arch))
         if deb is None:
             raise LockError(f"apt picked {name} {version} ({deb_arch}), which no fetched index lists")
         picked.append(deb)
