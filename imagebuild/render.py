@@ -212,6 +212,8 @@ def expectations(lock: Lock, imports: tuple[str, ...] = (), aot: dict | None = N
     home = cuda_home(lock)
     summary = {key: value for key, value in (lock.cuda or {}).items() if key not in ("nvcc", "deep_gemm")}
     cuda = dict(summary, home=home) if summary and home else None
+    if cuda and "toolchain" in cuda:  # the probe checks each one's version against the toolkit
+        cuda["toolchain"] = [name for name in cuda["toolchain"] if name in lock.packages]
     deep_gemm = bool((lock.cuda or {}).get("deep_gemm"))  # a locked wheel installs a deep_gemm package
     has_torch = "torch" in lock.packages
     return {"python": {"executable": f"{VENV}/bin/python", "version": lock.base.python},

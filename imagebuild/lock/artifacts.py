@@ -91,11 +91,31 @@ class Artifacts:
                 found[name] = f"its METADATA requires {needs}"
         return found
 
+    def toolchain(self) -> list[str]:
+        """The distributions that make the CUDA toolchain, as its artifacts say: the distributions whose
+        RECORD installs bin/nvcc, and those the locked cuda-toolkit metapackage's METADATA pins exactly
+        (any of its extras, on Linux) at its own release's major.minor (the toolkit's components:
+        nvcc, crt, nvvm, cudart, nvrtc, cupti...; its libraries, cuBLAS 13.1 or cuFFT 12.0 in toolkit
+        13.0, carry versions of their own)."""
+        names = {name for name, facts in self.wheels.items() if any(p.endswith("/bin/nvcc") for p in facts.files)}
+        toolkit = self.wheels.get("cuda-toolkit")
+        if toolkit is not None:
+            names.add("cuda-toolkit")
+            release = _major_minor(toolkit.version)
+            for requirement in _requirements(toolkit.requires):
+                pins = [spec.version for spec in requirement.specifier if spec.operator in ("==", "===")]
+                if pins and _major_minor(pins[0]) == release and _applies_with_any_extra(requirement):
+                    names.add(canonicalize_name(requirement.name))
+        return sorted(name for name in names if name in self.wheels)
+
     def layout(self) -> dict:
         """Where the image's CUDA pieces land, as the wheels' RECORDs say: `nvcc` (the site-packages path
-        of bin/nvcc, whose toolkit folder is the CUDA home) and `deep_gemm` (the distribution that installs
-        a top-level deep_gemm package), each only when a RECORD names it."""
+        of bin/nvcc, whose toolkit folder is the CUDA home), `deep_gemm` (the distribution that installs
+        a top-level deep_gemm package) and `toolchain` (Artifacts.toolchain), each only when known."""
         found = {}
+        toolchain = self.toolchain()
+        if toolchain:
+            found["toolchain"] = toolchain
         for name, facts in sorted(self.wheels.items()):
             nvcc = sorted(path for path in facts.files if path.endswith("/bin/nvcc") and path.count("/") >= 2)
             if nvcc and "nvcc" not in found:
@@ -159,6 +179,21 @@ def applies(requirement: Requirement) -> bool:
     try:
         return requirement.marker is None or requirement.marker.evaluate(IMAGE_MARKERS)
     except Exception:  # a marker packaging cannot evaluate: not ours to judge
+        return False
+
+
+def _major_minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
+
+
+def _applies_with_any_extra(requirement: Requirement) -> bool:
+    """Whether a Requires-Dist line applies on Linux for some extra (`extra == "nvcc"` and the like)."""
+    import re
+    extras = re.findall(r"""extra\s*==\s*["']([^"']+)["']""", str(requirement.marker or ""))
+    try:
+        return requirement.marker is None or any(requirement.marker.evaluate({**IMAGE_MARKERS, "extra": extra})
+                                                 for extra in extras or [""])
+    except Exception:
         return False
 
 

@@ -275,3 +275,45 @@ def test_the_flagship_lock_has_no_artifact_errors_with_its_prune_and_names_the_o
     (error,) = [f for f in refused.value.findings if f.rule == "prune-deletes-shared-file"]
     assert "[[prune]] of torch-c-dlpack-ext deletes build_backend.py, which flashinfer-python installs" in error.message
     assert error.fix.startswith("prune it from flashinfer-python instead")
+
+
+def test_the_toolchain_is_the_toolkits_own_components_and_what_installs_nvcc():
+    toolkit = facts("cuda-toolkit", {}, ('nvidia-cuda-nvcc==13.0.88; extra == "nvcc"',
+                                         'nvidia-cublas==13.1.1.3; extra == "cublas"',
+                                         'nvidia-cuda-nvrtc==13.0.88; platform_system == "Linux" and extra == "nvrtc"',
+                                         'nvidia-cuda-runtime==13.0.96; platform_system == "Windows" and extra == "cudart"',
+                                         "nvidia-nvvm>=13.0"))
+    wheels = {"cuda-toolkit": WheelFacts("cuda-toolkit", "13.0.3.0", {}, toolkit.requires),
+              "nvidia-cuda-nvcc": facts("nvidia-cuda-nvcc", {"nvidia/cu13/bin/nvcc": ""}),
+              "nvidia-cublas": facts("nvidia-cublas", {}), "nvidia-cuda-nvrtc": facts("nvidia-cuda-nvrtc", {}),
+              "nvidia-cuda-runtime": facts("nvidia-cuda-runtime", {}), "nvidia-nvvm": facts("nvidia-nvvm", {})}
+    # cuBLAS carries its own version (13.1 in toolkit 13.0), a Windows-only pin does not apply, a range
+    # is no pin: only the toolkit's own components, at its release, and the nvcc carrier
+    assert Artifacts(wheels=wheels).toolchain() == ["cuda-toolkit", "nvidia-cuda-nvcc", "nvidia-cuda-nvrtc"]
+    assert Artifacts(wheels={"x": facts("x", {})}).toolchain() == []
+
+
+@pytest.mark.parametrize("toolkit", ["13.0.2", "13.0.3.0", "13.5.0"])
+def test_the_toolchain_read_from_real_cuda_toolkit_releases(write_recipe, toolkit):
+    """The previous, pinned and newest cuda-toolkit: its nvcc, nvrtc and cupti follow its release; the
+    libraries it pins (cuBLAS) have their own versions and are not the toolchain."""
+    lock = resolved(write_recipe, [f"cuda-toolkit[nvcc,cccl,crt,nvvm,cudart,nvrtc,cupti,cublas]=={toolkit}"],
+                    ".".join(toolkit.split(".")[:2]), "toolkit")
+    chain = lock.cuda["toolchain"]
+    assert {"cuda-toolkit", "nvidia-cuda-nvcc", "nvidia-cuda-nvrtc", "nvidia-cuda-cupti", "nvidia-cuda-runtime"} <= set(chain)
+    assert "nvidia-cublas" in lock.packages and "nvidia-cublas" not in chain
+    release = toolkit.split(".")[:2]
+    assert all(lock.packages[name].split(".")[:2] == release for name in chain)
+
+
+def test_a_toolchain_piece_of_another_release_is_named_by_the_probe(write_recipe):
+    """The negative control: cuda-toolkit 13.0.2 without its crt and nvvm extras lets nvcc's own
+    unpinned requirements pull crt and nvvm 13.5 beside nvcc 13.0 (the skew the flagship pins away):
+    the toolchain the lock reads names them, and the probe's cuda-toolchain check says so."""
+    from imagebuild.payload.probe.toolchain import check_cuda_toolchain
+    lock = resolved(write_recipe, ["cuda-toolkit[nvcc,cudart]==13.0.2"], "13.0", "skew")
+    assert lock.packages["nvidia-cuda-crt"].startswith("13.5.") and "nvidia-cuda-crt" in lock.cuda["toolchain"]
+    installed = {name: [version] for name, version in lock.packages.items()}
+    check = check_cuda_toolchain({"cuda": {"toolkit": "13.0", "home": "/nonexistent",
+                                           "toolchain": lock.cuda["toolchain"]}}, installed)
+    assert check["status"] == "fail" and f"nvidia-cuda-crt {lock.packages['nvidia-cuda-crt']} is not CUDA 13.0" in check["detail"]

@@ -29,6 +29,7 @@ def validate_expect(raw) -> tuple:
     if cuda is not None and not (
         isinstance(cuda, dict) and major_minor(cuda.get("toolkit")) is not None and isinstance(cuda.get("home"), str)
         and isinstance(cuda.get("archs", []), list) and all(isinstance(a, str) for a in cuda.get("archs", []))
+        and isinstance(cuda.get("toolchain", []), list) and all(isinstance(n, str) for n in cuda.get("toolchain", []))
     ):
         errors.append('"cuda" must be null or {"toolkit": "13.0", "archs": [...], "home": "<path>"}')
     deep_gemm = raw.get("deep_gemm")

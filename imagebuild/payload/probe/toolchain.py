@@ -103,7 +103,12 @@ def check_cuda_toolchain(expect: dict, installed: dict | None = None) -> dict:
     if not found["libcudart"]:
         problems.append("lib64/libcudart.so is missing (linking with -lcudart needs it)")
     installed = installed_distributions() if installed is None else installed
-    versions = {name: installed[name] for name in TOOLCHAIN_DISTRIBUTIONS if name in installed}
+    # The toolchain the lock read from its artifacts (expect.json), else the pieces every toolchain has.
+    wanted = cuda.get("toolchain") or TOOLCHAIN_DISTRIBUTIONS
+    versions = {name: installed[name] for name in wanted if name in installed}
+    absent = [name for name in cuda.get("toolchain") or () if name not in installed]
+    if absent:
+        problems.append(f"{', '.join(absent)} of the locked toolchain not installed")
     for name, found_versions in versions.items():
         if any(major_minor(version) != toolkit for version in found_versions):
             problems.append(f"{name} {'/'.join(found_versions)} is not CUDA {toolkit}")
