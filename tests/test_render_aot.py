@@ -11,7 +11,7 @@ from imagebuild.errors import RecipeError
 from imagebuild.knowledge.cuda import Arch
 from imagebuild.lock import LockedWheel
 from imagebuild.recipe.aot import AotSpec, ServingShape
-from imagebuild.render import AOT_MANIFEST, render_context, render_dockerfile, render_values
+from imagebuild.render import render_context, render_dockerfile, render_values
 from tests.lock.test_lock import _lock
 from tests.test_render import _app_wheels, _check_golden, _recipe
 
@@ -33,17 +33,26 @@ def test_aot_dockerfile_matches_golden(tmp_path):
     _check_golden("aot.Dockerfile", render_dockerfile(render_values(_stack_lock(), _recipe(tmp_path, aot=AOT))))
 
 
+# What the build step and the probe get for AOT, written out by hand (not the renderer's own call):
+# every default of a shape filled in, the KV dtype "auto" resolved to the model dtype.
+SHAPE = {"dtype": "bfloat16", "head_dim": 128, "kv_heads": 8, "logits_soft_cap": False, "prefix_cache": True,
+         "q_heads": 32, "qk_norm": False, "rope": "neox", "sampling": True, "sliding_window": False}
+SPEC = {"archs": ["12.0f"], "deep_gemm": "disabled", "sglang": True, "shapes": [
+    dict(SHAPE, name="llama3-8b-bf16", hidden_size=4096, kv_dtype="bfloat16", tp=[1]),
+    dict(SHAPE, name="llama3-8b-fp8kv", hidden_size=None, kv_dtype="fp8_e4m3", tp=[1, 2])]}
+
+
 def test_the_step_gets_its_spec_and_script_by_bind_mount_and_the_probe_its_expectations(tmp_path):
     context = render_context(_stack_lock(), _recipe(tmp_path, aot=AOT), tmp_path / "ctx", uv_path=None)
     spec = json.loads((context / "aot" / "aot.json").read_text())
-    assert spec == AOT.to_json()
+    assert spec == SPEC
     assert [shape["kv_dtype"] for shape in spec["shapes"]] == ["bfloat16", "fp8_e4m3"]  # auto resolved
     assert (context / "aot" / "kernels_aot.py").is_file() and (context / "aot" / "waste.py").is_file()
     dockerfile = (context / "Dockerfile").read_text()
     assert "--mount=type=bind,source=aot,target=/run/imagebuild/aot" in dockerfile
     assert "COPY aot" not in dockerfile and 'FLASHINFER_CUDA_ARCH_LIST="12.0f"' in dockerfile
     expect = json.loads((context / "imagebuild" / "expect.json").read_text())
-    assert expect["aot"] == dict(AOT.to_json(), manifest=AOT_MANIFEST)
+    assert expect["aot"] == dict(SPEC, manifest="/opt/imagebuild/aot-manifest.json")
 
 
 def test_no_aot_table_renders_no_step(tmp_path):
