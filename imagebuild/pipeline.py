@@ -11,7 +11,7 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -21,7 +21,7 @@ from imagebuild.bootstrap import base_moves, ensure_base_image, identify, pendin
 from imagebuild.common import cache_dir, host_arch
 from imagebuild.engine import BuildCache, Engine, ImageInfo
 from imagebuild.engine.contract import split_ref
-from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, RecipeError, SmokeFailed
+from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, LockError, RecipeError, SmokeFailed
 from imagebuild.lock import (Lock, PlatformLocks, default_lock_path, ensure_fresh, read_lock, read_locks, resolve_lock,
                              stale_reasons, uv_binary_for, write_locks)
 from imagebuild.publish.build_cache import push_build_cache
@@ -217,8 +217,6 @@ def patch_findings(recipe: Recipe, locked: Lock) -> list:
 
 def located(recipe: Recipe, findings: list) -> list:
     """Each finding about a recipe key gets that key's file and line (what the human output shows)."""
-    from dataclasses import replace
-
     from imagebuild.recipe.reader import key_path, locate, read_source
     try:
         text = read_source(recipe.path)
@@ -270,7 +268,6 @@ def lock(recipe_path: str | Path, *, lock_path: Path | None = None, upgrade_base
 def existing_locks(path: Path) -> dict[str, Lock]:
     """The lock file's locks by platform, to keep what they pinned; {} when there is none to read
     (missing, or of another format: the relock starts afresh)."""
-    from imagebuild.errors import LockError
     try:
         locks = read_locks(path)
     except LockError:
@@ -293,7 +290,6 @@ def resolved(recipe: Recipe, progress: Progress = quiet, *, old: Lock | None = N
     base = identify(recipe.base, old.base if old is not None else None, upgrade=upgrade_base, progress=progress)
     if (upgrade_base and old is not None and not stale_reasons(old, recipe)
             and (base.python, base.glibc) == (old.base.python, old.base.glibc)):
-        from dataclasses import replace
         progress(f"keeping the {len(old.wheels)} locked wheels: only the base moves")
         return replace(old, base=base), []
     progress(f"resolving {len(recipe.python.requirements)} requirements for Python {base.python} "
@@ -302,7 +298,6 @@ def resolved(recipe: Recipe, progress: Progress = quiet, *, old: Lock | None = N
     findings = compat.check_resolved(recipe, new.packages, base.glibc)
     found, layout = artifact_findings(recipe, new, progress)
     if layout:
-        from dataclasses import replace
         new = replace(new, cuda={**new.cuda, **layout})
     findings = merged(findings, found)
     if recipe.patches:
