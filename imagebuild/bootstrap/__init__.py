@@ -15,11 +15,12 @@ import hashlib
 import json
 import re
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable
 
 from imagebuild.base.debian import compare_versions
 from imagebuild.base.identity import BaseIdentity, LockedSuite
-from imagebuild.bootstrap.mirror import Archives
+from imagebuild.bootstrap.mirror import DEBIAN_KEYRING, Archives
 from imagebuild.bootstrap.resolve import resolve_debs
 from imagebuild.bootstrap.rootfs import BOOTSTRAP_FORMAT, DPKG_EXCLUDES, bootstrap_locked, rootfs_path
 from imagebuild.bootstrap.sources import HOST_SOURCES, suite_uris
@@ -50,7 +51,8 @@ def inputs_sha256(base: DebianBase) -> str:
 
 
 def archives(base: DebianBase) -> Archives:
-    return Archives(suite_uris(base, HOST_SOURCES), base.snapshot)
+    keyring = Path(base.keyring) if base.keyring else DEBIAN_KEYRING
+    return Archives(suite_uris(base, HOST_SOURCES), base.snapshot, keyring=keyring)
 
 
 def _major_minor(debian_version: str) -> str:

@@ -143,7 +143,7 @@ def payload_sha256() -> str:
 
 # Keys that do not decide the image: where the base's .debs are fetched from (the lock pins every file
 # by sha256), and which `unknown` smoke checks may still tag it.
-NOT_THE_IMAGE = {"base": ("mirror", "security_mirror", "snapshot"), "smoke": ("accept_unknown",)}
+NOT_THE_IMAGE = {"base": ("mirror", "security_mirror", "snapshot", "keyring"), "smoke": ("accept_unknown",)}
 
 
 def recipe_sha256(recipe: Recipe) -> str:

@@ -38,6 +38,7 @@ class DebianBase:
     mirror: str | None = None  # archive root for every suite but *-security; None: the host's apt sources
     security_mirror: str | None = None  # archive root for *-security suites
     snapshot: str | None = None  # a snapshot service's root, tried for a .deb no mirror has any more
+    keyring: str | None = None  # the keyring a mirror's InRelease is checked with; None: Debian's archive keyring
 
     @property
     def apt_suites(self) -> tuple[str, ...]:
@@ -143,7 +144,8 @@ _PLATFORM_KEYS = ("cuda_archs", "engine")
 _ENGINE_SCHEMES = ("unix", "tcp", "ssh")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _IMAGE_KEYS = ("name", "tag")
-_DEBIAN_KEYS = ("debian", "packages", "arch", "suites", "components", "mirror", "security_mirror", "snapshot")
+_DEBIAN_KEYS = ("debian", "packages", "arch", "suites", "components", "mirror", "security_mirror", "snapshot",
+                "keyring")
 _IMAGE_BASE_KEYS = ("image", "python", "glibc", "python_path")
 _PYTHON_KEYS = ("requirements", "constraints", "exclude", "extra_index_urls", "exclude_newer", "layers")
 _CUDA_KEYS = ("toolkit", "archs", "min_driver")
@@ -179,7 +181,7 @@ def parse_recipe(text: str, path: Path) -> Recipe:
     read.known_keys(doc, (), _TOP_KEYS)
     name, tag = _image(read, read.table(doc, ("image",), required=True, example='with name = "myorg/my-image"'))
     base_table = read.table(doc, ("base",), required=True, example='with debian = "bookworm"')
-    base = _base(read, base_table)
+    base = _base(read, base_table, Path(os.path.abspath(path)).parent)
     python = _python(read, read.table(doc, ("python",), required=True, example='with requirements = ["torch"]'))
     cuda = read.table(doc, ("cuda",))
     cuda = None if cuda is None else _cuda(read, cuda)
@@ -279,7 +281,7 @@ def image_ref_problem(ref: str) -> str | None:
     return None
 
 
-def _base(read: RecipeReader, table: dict) -> DebianBase | ImageBase:
+def _base(read: RecipeReader, table: dict, folder: Path) -> DebianBase | ImageBase:
     key = ("base",)
     read.known_keys(table, key, _DEBIAN_KEYS + _IMAGE_BASE_KEYS)
     if ("debian" in table) == ("image" in table):
@@ -292,10 +294,10 @@ def _base(read: RecipeReader, table: dict) -> DebianBase | ImageBase:
         if name not in allowed:
             raise read.error(key + (name,), f"{name} only applies to {other} base",
                              hint=f"remove it, or switch to {other} base")
-    return _debian_base(read, table) if debian else _image_base(read, table)
+    return _debian_base(read, table, folder) if debian else _image_base(read, table)
 
 
-def _debian_base(read: RecipeReader, table: dict) -> DebianBase:
+def _debian_base(read: RecipeReader, table: dict, folder: Path) -> DebianBase:
     key = ("base",)
     suite = read.string(table, key + ("debian",))
     if not _SUITE.fullmatch(suite):
@@ -335,8 +337,16 @@ def _debian_base(read: RecipeReader, table: dict) -> DebianBase:
             raise read.error(key + (name,), f"{show(value)} is not an http(s):// or file:// URL",
                              hint="the archive's root, the folder that holds dists/ and pool/")
         urls[name] = value.rstrip("/") if value else None
+    keyring = read.string(table, key + ("keyring",))
+    if keyring is not None:
+        keyring = os.path.abspath(folder / keyring)
+        if not os.path.isfile(keyring):
+            raise read.error(key + ("keyring",), f"{show(keyring)} does not exist",
+                             hint=f"an OpenPGP keyring file (as gpgv --keyring takes), relative to the recipe's "
+                                  f"folder, {folder}")
     return DebianBase(suite=suite, packages=tuple(sorted(set(packages))), arch=arch or "amd64",
-                      suites=tuple(dict.fromkeys(suites)), components=tuple(dict.fromkeys(components)), **urls)
+                      suites=tuple(dict.fromkeys(suites)), components=tuple(dict.fromkeys(components)),
+                      keyring=keyring, **urls)
 
 
 def _image_base(read: RecipeReader, table: dict) -> ImageBase:

@@ -94,3 +94,30 @@ def test_a_deb_is_looked_for_on_its_suites_mirror_then_the_snapshot_at_the_locke
     assert archives.deb_urls(deb, "Mon, 30 Nov 2026 00:22:33 UTC") == [
         f"http://m.invalid/debian-security/{deb.filename}",
         f"http://snap.invalid/archive/debian-security/20261130T002233Z/{deb.filename}"]
+
+
+@pytest.mark.needs_tool("gpg", "gpgv", package="gnupg gpgv")
+def test_an_archive_signed_by_its_own_key_verifies_with_the_recipes_keyring_and_not_with_debians(tmp_path):
+    """A mirror of one's own, signed with a key of its own (made here with gpg): [base].keyring trusts it;
+    Debian's keyring does not, and the Release is refused."""
+    import subprocess
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    gpg = ["gpg", "--homedir", str(home), "--batch", "--pinentry-mode", "loopback", "--passphrase", ""]
+    subprocess.run(gpg + ["--quick-gen-key", "imagebuild-test-archive", "ed25519", "sign", "never"],
+                   check=True, capture_output=True)
+    keyring = tmp_path / "archive.gpg"
+    keyring.write_bytes(subprocess.run(gpg + ["--export", "imagebuild-test-archive"], check=True,
+                                       capture_output=True).stdout)
+    root = tmp_path / "archive"
+    _file_archive(root, "bookworm", STANZA)
+    release = root / "dists" / "bookworm" / "Release"
+    subprocess.run(gpg + ["--clearsign", "--output", str(release.with_name("InRelease")), str(release)],
+                   check=True, capture_output=True)
+    release.unlink()  # only the signed file is served
+    ours = Archives({"bookworm": f"file://{root}"}, keyring=keyring, cache=tmp_path / "cache")
+    assert ours.release("bookworm").suite == "bookworm"
+    if DEBIAN_KEYRING.is_file():
+        debians = Archives({"bookworm": f"file://{root}"}, cache=tmp_path / "cache")
+        with pytest.raises(BaseFetchFailed, match="signature does not verify"):
+            debians.release("bookworm")
