@@ -216,7 +216,7 @@ KEY_ERRORS = [
     ('debian = "bookworm"', 'debian = "bookworm"\nsnapshot = 1', "base.snapshot", "snapshot",
      "expected a string, got integer", None),
     ('debian = "bookworm"', 'debian = "bookworm"\nkeyring = "keys/archive.gpg"', "base.keyring", "keyring",
-     "archive.gpg' does not exist", "relative to the recipe's folder"),
+     "does not exist", "relative to the recipe's folder"),
     ('debian = "bookworm"', 'debian = "bookworm"\nglibc = "2.36"', "base.glibc", "glibc",
      "glibc only applies to an image base", None),
     ('debian = "bookworm"', f'debian = "bookworm"\nimage = "debian@{DIGEST}"', "base", "[base]",
