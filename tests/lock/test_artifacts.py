@@ -230,7 +230,8 @@ def test_layout_reads_nvcc_and_deep_gemm_from_file_lists_not_names():
         "nvidia-cuda-nvcc": facts("nvidia-cuda-nvcc", {"nvidia/cu13/bin/nvcc": "sha256=x", "nvidia/cu13/bin/ptxas": ""}),
         "my-deep-gemm-fork": facts("my-deep-gemm-fork", {"deep_gemm/__init__.py": "", "deep_gemm/include/x.cuh": ""}),
         "nvidia-cuda-nvcc-cu12": facts("nvidia-cuda-nvcc-cu12", {"nvidia/cuda_nvcc/bin/ptxas": ""})})
-    assert found.layout() == {"nvcc": "nvidia/cu13/bin/nvcc", "deep_gemm": "my-deep-gemm-fork"}
+    assert found.layout() == {"nvcc": "nvidia/cu13/bin/nvcc", "deep_gemm": "my-deep-gemm-fork",
+                              "toolchain": ["nvidia-cuda-nvcc"]}
     assert Artifacts(wheels={"x": facts("x", {"nvidia/cuda_nvcc/bin/ptxas": ""})}).layout() == {}
 
 
