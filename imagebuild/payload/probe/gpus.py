@@ -78,6 +78,12 @@ def arch_number(target: str) -> tuple | None:
     return int(match.group(2)), int(match.group(3)), match.group(4), match.group(1) or "sm"
 
 
+def sm_number(target: str) -> int | None:
+    """`sm_120a` or `12.0f` -> 120, the number a fat binary's entry carries; None for anything else."""
+    parts = arch_number(target)
+    return parts[0] * 10 + parts[1] if parts else None
+
+
 def runs_on(targets: list, compute_cap: str) -> bool:
     """Whether code built for these targets runs on a GPU: a cubin of the same major and a minor at or
     below the GPU's (an `a` cubin only on its exact GPU, `f` on its family), or PTX at or below it."""

@@ -12,7 +12,7 @@ import re
 import shutil
 import sys
 
-from .gpus import arch_number
+from .gpus import sm_number
 from .report import FAIL, PASS, SKIP, WARN, make_check
 from .system import (canonical_name, cuda_home_by_rule, deep_gemm_cuda_home, installed_distributions,
                      interpreter_prefix, major_minor, package_dir, parse_nvcc_release, read_text, run_command,
@@ -167,7 +167,7 @@ def check_cuda_home(expect: dict) -> dict:
         dg_home, dg_how = deep_gemm_cuda_home()
         found["deep_gemm"] = {"home": dg_home, "how": dg_how}
     archs = (expect.get("cuda") or {}).get("archs") or []
-    sm = max([arch_sm(arch) for arch in archs] or [80])
+    sm = max([sm_number(arch) or 80 for arch in archs] or [80])
     asked, problem = ask_consumers(sm)
     for name in ("torch", "flashinfer"):
         if name in asked:
@@ -197,12 +197,6 @@ def check_cuda_home(expect: dict) -> dict:
     said = f"asked {', '.join(found)}: all find {want}" if found else "no CUDA home consumer installed"
     said += f"; Triton runs {triton['ptxas']} for sm_{sm}" if triton else ""
     return make_check("cuda-home", PASS, said, **evidence)
-
-
-def arch_sm(arch: str) -> int:
-    """sm_120a -> 120, 12.0f -> 120, 9.0a -> 90."""
-    parts = arch_number(arch)
-    return parts[0] * 10 + parts[1] if parts else 80
 
 
 TOOLCHAIN_FIX = ("the CUDA 13 pip toolchain (cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.* with [cuda] toolkit = "

@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 from .kernels_aot import describe
-from .gpus import arch_number as gpu_arch
+from .gpus import sm_number
 from .report import FAIL, PASS, SKIP, make_check
 from .system import run_python_json
 
@@ -45,8 +45,10 @@ def _package_root() -> str:
 
 def arch_number(arch: str) -> int:
     """`12.0f` -> 120, the number a fat binary's entry carries."""
-    major, minor = gpu_arch(arch)[:2]
-    return major * 10 + minor
+    number = sm_number(arch)
+    if number is None:
+        raise ValueError(f"{arch!r} is not a GPU arch")
+    return number
 
 
 def check_artifacts(manifest: dict, archs: list) -> list:
