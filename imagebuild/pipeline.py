@@ -22,6 +22,8 @@ from imagebuild.common import cache_dir, host_arch
 from imagebuild.engine import BuildCache, Engine, ImageInfo
 from imagebuild.engine.contract import split_ref
 from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, LockError, RecipeError, SmokeFailed
+from imagebuild.kernels import KernelStepWatch
+from imagebuild.kernels import summary as kernel_summary
 from imagebuild.lock import (Lock, PlatformLocks, default_lock_path, ensure_fresh, read_lock, read_locks, resolve_lock,
                              stale_reasons, uv_binary_for, write_locks)
 from imagebuild.publish.build_cache import push_build_cache
@@ -101,10 +103,12 @@ class BuildReport:
     registry: dict | None = None  # with --registry: where the image is, and whether this run pushed it
     cache: dict | None = None  # with --cache-from/--cache-to: where layers came from and went
     accepted_unknown: list = field(default_factory=list)  # smoke checks that ended `unknown`, accepted by name
+    kernels: dict | None = None  # with [aot], when a build ran: what its kernel step compiled and reused
 
     def to_dict(self) -> dict:
         return {"recipe": self.recipe, "image": self.image, "image_id": self.image_id, "reused": self.reused,
                 "registry": self.registry, "cache": self.cache, "accepted_unknown": self.accepted_unknown,
+                "kernels": self.kernels,
                 "size_bytes": self.size, "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
                 "lock": self.lock_path, "smoke": self.smoke.to_dict() if self.smoke else None,
                 "findings": [f.to_dict() for f in self.findings]}
@@ -511,18 +515,32 @@ def build_locked(recipe: Recipe, current: Lock, path: Path, engine: Engine, *, f
     context_dir = render_context(current, recipe, folder, uv_path=uv_binary_for(current.base.arch, progress),
                                  lock_text=lock_text)
     bundle = ca_bundle(ca)
+    watch = KernelStepWatch(progress)
     try:
-        image_id = engine.build(context_dir, secrets={"ca": bundle} if bundle else {}, progress=progress,
+        image_id = engine.build(context_dir, secrets={"ca": bundle} if bundle else {}, progress=watch,
                                 cache=cache, platform=platform)
     except BuildFailed as failure:
         raise explain_build_failure(failure, recipe, current) from None
     built.record_image(current.sha256, image_id)
     timings["build"] = time.monotonic() - clock
+    kernels = watch.report(lambda: _kernel_count(engine, image_id)) if recipe.aot else None
+    if kernels:
+        progress(kernel_summary(kernels))
     report = _smoke_and_tag(image_id, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
                             keep_failed=keep_failed, gpus=gpus, reused=False, accept_unknown=accept_unknown,
                             smoke_cache=not rebuild, progress=progress)
+    report.kernels = kernels
     _cached(report, cache, engine, progress)
     return report
+
+
+def _kernel_count(engine: Engine, image_id: str) -> int | None:
+    """How many kernels the image's [aot] manifest lists (None: it cannot be read)."""
+    from imagebuild.render import AOT_MANIFEST
+    try:
+        return len(json.loads(engine.run(image_id, ["cat", AOT_MANIFEST]).stdout)["artifacts"])
+    except (ImagebuildError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _cached(report: BuildReport, cache: BuildCache | None, engine: Engine, progress: Progress) -> None:

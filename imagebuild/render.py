@@ -27,7 +27,10 @@ VENV = "/opt/venv"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PATCHER_SOURCE = payload.PATCHER
 PRUNER_SOURCE = payload.PRUNER
-AOT_SOURCES = (Path(bundle.SOURCE) / "kernels_aot.py", Path(bundle.SOURCE) / "waste.py")  # the build step's script
+AOT_SOURCES = tuple(Path(bundle.SOURCE) / name  # the build step's script and what it runs with
+                    for name in ("kernels_aot.py", "kernel_cache.py", "waste.py", "deterministic_pid.c"))
+KERNEL_CACHE_ID = "imagebuild-kernels"  # the BuildKit cache mount the [aot] step keeps compiled kernels in
+KERNEL_CACHE_DIR = "/var/cache/imagebuild/kernels"
 AOT_MANIFEST = findings_kernels.KERNEL_MANIFEST  # where the [aot] step writes its manifest
 SGLANG_JIT_CACHE = "/var/cache/sglang/jit"
 LABEL_PREFIX = "io.imagebuild"
@@ -204,6 +207,7 @@ def aot_values(lock: Lock, recipe: Recipe) -> dict | None:
         raise RecipeError(recipe.path, "[aot] compiles kernels, but the lock installs no nvcc (CUDA 13 pip wheels)",
                           key="aot", hint='add "cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]" to [python] requirements')
     return {"arch_list": aot.arch_list, "manifest": AOT_MANIFEST, "spec": aot.to_json(),
+            "cache_id": KERNEL_CACHE_ID, "cache_dir": KERNEL_CACHE_DIR,
             "shapes": ", ".join(shape.name for shape in aot.shapes)}
 
 

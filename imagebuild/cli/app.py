@@ -20,6 +20,7 @@ from imagebuild.cli.output import (Progress, line, make_console, print_base_move
                                    print_patch_results, print_smoke)
 from imagebuild.engine.contract import BuildCache
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildError, SmokeFailed
+from imagebuild.kernels import summary as kernel_summary
 from imagebuild.publish.by_lock import RegistryTarget
 from imagebuild.recipe.model import image_ref_problem
 
@@ -242,6 +243,8 @@ def print_build(out, report) -> None:
     times = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
     out.print(line(("reused" if report.reused else "built", "green"), " ", report.image, "  ", report.image_id,
                    f"  {report.size / 1e9:.2f} GB  ({times})" if report.size else f"  ({times})"))
+    if report.kernels:
+        out.print(line(kernel_summary(report.kernels)))
     if report.registry:
         out.print(line("registry: ", report.registry["reference"], "@", report.registry["digest"],
                        " (pushed, and as " if report.registry["pushed"] else " (found as ",

@@ -20,12 +20,13 @@ PRUNER = HERE / "prune.py"
 
 
 def checksum() -> str:
-    """sha256 over the probe zipapp, the patcher and the pruner: a change to any of them changes the
-    image a lock builds."""
+    """sha256 over the probe zipapp, the patcher, the pruner and the C shims the [aot] step compiles: a
+    change to any of them changes the image a lock builds."""
     from imagebuild.payload.probe import bundle
     digest = hashlib.sha256()
-    for name, data in (("probe.pyz", bundle.zipapp_bytes()),
+    shims = [(path.name, path.read_bytes()) for path in sorted(Path(bundle.SOURCE).glob("*.c"))]  # [aot]'s step
+    for name, data in [("probe.pyz", bundle.zipapp_bytes()),
                        ("apply_patch.py", PATCHER.read_bytes()),
-                       ("prune.py", PRUNER.read_bytes())):
+                       ("prune.py", PRUNER.read_bytes())] + shims:
         digest.update(f"{name}\0{len(data)}\0".encode() + data)
     return digest.hexdigest()

@@ -51,10 +51,13 @@ ENV DG_JIT_CACHE_DIR="/var/cache/deep_gemm" \
 # Kernels prebuilt for the serving shapes llama3-8b-bf16, llama3-8b-fp8kv ([aot]) for 12.0f: the modules the
 # installed FlashInfer and SGLang load for them, compiled here (no GPU needed) into FlashInfer's AOT folder
 # and SGLang's JIT cache, and listed with their sha256 and SASS archs in /opt/imagebuild/aot-manifest.json.
+# Compiled modules are kept in the kernel cache (a cache mount, never a layer) by what decides their bytes:
+# when only layers below changed, this step compiles nothing.
 RUN --mount=type=bind,source=aot,target=/run/imagebuild/aot \
+    --mount=type=cache,id=imagebuild-kernels,target=/var/cache/imagebuild/kernels,sharing=locked \
     set -eu; \
     export FLASHINFER_WORKSPACE_BASE=/tmp/imagebuild-aot HOME=/tmp/imagebuild-aot/home PYTHONDONTWRITEBYTECODE=1 \
-      FLASHINFER_CUDA_ARCH_LIST="12.0f"; \
+      FLASHINFER_CUDA_ARCH_LIST="12.0f" IMAGEBUILD_KERNEL_CACHE=/var/cache/imagebuild/kernels; \
     /opt/venv/bin/python -B /run/imagebuild/aot/kernels_aot.py build /run/imagebuild/aot/aot.json /opt/imagebuild/aot-manifest.json; \
     rm -rf /tmp/imagebuild-aot
 

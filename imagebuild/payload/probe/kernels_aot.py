@@ -8,7 +8,11 @@ or re-keys a module is followed, and one that drops a loader fails loudly.
     python kernels_aot.py build AOT_JSON MANIFEST   compile into FlashInfer's AOT folder and SGLang's JIT cache
     python kernels_aot.py plan AOT_JSON              the module names the installed FlashInfer would load (no compile)
     python kernels_aot.py prove AOT_JSON MANIFEST    (the smoke check's child) load everything with JIT off
-    python kernels_aot.py sglang-seed AOT_JSON ARCH  (internal) seed SGLang's cache for one target, one per process
+    python kernels_aot.py sglang-seed AOT_JSON ARCH PART/PARTS  (internal) one target's share of SGLang's kernels
+
+Compiled modules are kept in the kernel cache (kernel_cache.py, IMAGEBUILD_KERNEL_CACHE) by what decides
+their bytes, so a build whose kernel inputs did not change compiles nothing; what is missing compiles in
+parallel (kernel_cache.jobs), under a getpid shim that makes nvcc's output repeatable byte for byte.
 
 The smoke check (`check_aot`) loads them again with JIT disabled and nvcc hidden. Standard library
 only at import time; torch, flashinfer and sglang are imported where they are used.
@@ -17,10 +21,10 @@ only at import time; torch, flashinfer and sglang are imported where they are us
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -28,11 +32,14 @@ import tempfile
 import time
 
 try:
+    from . import kernel_cache
     from .waste import elf_sections, fatbin_code
-except ImportError:  # run as a script from a folder holding waste.py too (the [aot] build step)
+except ImportError:  # run as a script from a folder holding waste.py and kernel_cache.py too (the [aot] build step)
+    import kernel_cache
     from waste import elf_sections, fatbin_code
 
 MANIFEST_VERSION = 1
+STATS_MARK = "imagebuild-kernels: "  # the build output line that carries what the kernel step did
 TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
@@ -113,7 +120,7 @@ class _Recorder:
 
     def __init__(self, dry: bool):
         from flashinfer.jit import core
-        self.core, self.dry, self.specs, self.seconds = core, dry, [], {}
+        self.core, self.dry, self.specs = core, dry, []
         self.original = core.JitSpec.build_and_load
 
     def __enter__(self):
@@ -123,11 +130,7 @@ class _Recorder:
             recorder.specs.append(spec)
             if recorder.dry:
                 return _Inert()
-            started = time.monotonic()
-            try:
-                return recorder.original(spec, *args, **kwargs)
-            finally:
-                recorder.seconds[spec.name] = round(time.monotonic() - started, 1)
+            return recorder.original(spec, *args, **kwargs)
 
         self.core.JitSpec.build_and_load = build_and_load
         return self
@@ -150,7 +153,8 @@ def _clear_caches(loads) -> None:
 
 
 def flashinfer_modules(shapes: list, dry: bool) -> dict:
-    """Module name -> {"shapes": [...], "loads": [...], "spec": JitSpec}: what the loaders asked for."""
+    """Module name -> {"shapes": [...], "loads": [...], "spec": JitSpec}: what the loaders asked for (dry: asked,
+    never built)."""
     found: dict = {}
     for shape in shapes:
         loads = flashinfer_loads(shape)
@@ -159,8 +163,7 @@ def flashinfer_modules(shapes: list, dry: bool) -> dict:
             with _Recorder(dry) as recorder:
                 loader(*args)
             for spec in recorder.specs:
-                entry = found.setdefault(spec.name, {"shapes": [], "loads": [], "spec": spec, "seconds": 0.0})
-                entry["seconds"] += recorder.seconds.get(spec.name, 0.0)  # the first load compiles, the rest find it
+                entry = found.setdefault(spec.name, {"shapes": [], "loads": [], "spec": spec})
                 if shape["name"] not in entry["shapes"]:
                     entry["shapes"].append(shape["name"])
                 entry["loads"].append(f"{shape['name']}: {what}")
@@ -198,18 +201,22 @@ def _arch_parts(arch: str) -> tuple:
     return int(major), int(minor), suffix
 
 
-def run_sglang_builders(shapes: list, arch: str) -> list:
-    """Call every builder under SGLang's arch override; returns [(shape, what, error or None)]."""
+def run_sglang_builders(shapes: list, arch: str, part: tuple = (0, 1)) -> list:
+    """Call every builder (those of `part`: index i of n) under SGLang's arch override;
+    returns [(shape, what, error or None)]."""
     from sglang.kernels.jit.utils.arch import override_jit_cuda_arch
     results = []
+    calls = [(shape["name"], what, builder, args) for shape in shapes for what, builder, args in sglang_builders(shape)]
+    distinct: dict = {}  # the same kernel asked by two shapes goes to one share: it compiles once
     with override_jit_cuda_arch(*_arch_parts(arch)):
-        for shape in shapes:
-            for what, builder, args in sglang_builders(shape):
-                try:
-                    builder(*args)
-                    results.append((shape["name"], what, None))
-                except Exception as error:  # a miss under SGLANG_CRASH_ON_JIT_COMPILE, or a compile failure
-                    results.append((shape["name"], what, f"{type(error).__name__}: {error}"[:2000]))
+        for shape, what, builder, args in calls:
+            if distinct.setdefault((builder.__qualname__, repr(args)), len(distinct)) % part[1] != part[0]:
+                continue
+            try:
+                builder(*args)
+                results.append((shape, what, None))
+            except Exception as error:  # a miss under SGLANG_CRASH_ON_JIT_COMPILE, or a compile failure
+                results.append((shape, what, f"{type(error).__name__}: {error}"[:2000]))
     return results
 
 
@@ -221,13 +228,9 @@ def sglang_cache_dir() -> str:
 
 def describe(path: str) -> dict:
     """sha256, size and the GPU code (SASS and PTX archs, as 120 for sm_120) of one built module."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
     fatbin = elf_sections(path).get(".nv_fatbin")
     sass, ptx = fatbin_code(path, *fatbin) if fatbin else (set(), set())
-    return {"sha256": digest.hexdigest(), "bytes": os.path.getsize(path), "sass": sorted(sass), "ptx": sorted(ptx)}
+    return {"sha256": kernel_cache.sha256_file(path), "bytes": os.path.getsize(path), "sass": sorted(sass), "ptx": sorted(ptx)}
 
 
 def ensure_link_stub(cuda_home: str) -> str | None:
@@ -263,52 +266,122 @@ def _versions() -> dict:
     return found
 
 
-def build(spec: dict, manifest_path: str) -> dict:
-    """Compile every module the shapes need, install it where the runtime looks, write the manifest."""
+def compile_flashinfer(specs: list, jobs: int) -> None:
+    """Build the modules in one ninja run of `jobs` at once (FlashInfer's build_jit_specs, as its own AOT
+    build does), else one by one through each module's build_and_load."""
+    if not specs:
+        return
+    from flashinfer.jit import core
+    os.environ["MAX_JOBS"] = os.environ["FLASHINFER_JIT_PREBUILD_MAX_JOBS"] = str(jobs)
+    together = getattr(core, "build_jit_specs", None)
+    nvcc_kind = getattr(core, "JitSpecNvcc", None)
+    if together is not None and (nvcc_kind is None or all(isinstance(one, nvcc_kind) for one in specs)):
+        together(specs, **({"skip_prebuilt": False} if "skip_prebuilt" in inspect.signature(together).parameters else {}))
+        return
+    for one in specs:
+        one.build_and_load()
+
+
+def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
+    """Every FlashInfer module the shapes need, from the kernel cache or compiled; returns (artifacts, compiled,
+    seconds)."""
+    from flashinfer.jit import env as flashinfer_env
+    planned = flashinfer_modules(spec["shapes"], dry=True)
+    generated = str(getattr(flashinfer_env, "FLASHINFER_GEN_SRC_DIR", flashinfer_env.FLASHINFER_WORKSPACE_DIR))
+    keys = {name: kernel_cache.flashinfer_key(entry["spec"], build_wide, generated) for name, entry in planned.items()}
+    source = {name: cache.find(keys[name], name) for name in planned}
+    missing = sorted(name for name in planned if source[name] is None)
+    started = time.monotonic()
+    compile_flashinfer([planned[name]["spec"] for name in missing], jobs)
+    seconds = round(time.monotonic() - started, 1) if missing else 0.0  # the compile's wall time, all jobs
+    for name in missing:
+        built = str(planned[name]["spec"].jit_library_path)
+        source[name] = cache.store(keys[name], name, built) or built
+    aot_dir = str(flashinfer_env.FLASHINFER_AOT_DIR)
+    artifacts = []
+    for name, entry in sorted(planned.items()):
+        target = os.path.join(aot_dir, name, f"{name}.so")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(source[name], target + ".tmp")
+        os.replace(target + ".tmp", target)
+        artifacts.append(dict(kind="flashinfer", name=name, path=target, shapes=entry["shapes"], loads=entry["loads"],
+                              key=keys[name], **describe(target)))
+    return artifacts, len(missing), seconds
+
+
+def _leaves(folder: str) -> set:
+    """SGLang's cache leaves (the folders holding one built module) under folder."""
+    return {os.path.dirname(path) for path in _shared_objects(folder)}
+
+
+def build_sglang(spec: dict, cache, jobs: int) -> tuple:
+    """SGLang's kernels built (or found) in the shared SGLang cache, their leaves copied into the image's
+    cache; returns (artifacts, compiled, seconds). One process per target and share of the builders (SGLang caches
+    its target once per process), `jobs` of them at once."""
+    image_cache = sglang_cache_dir()
+    shared = cache.sglang_root() or image_cache
+    before = _leaves(shared)
+    started = time.monotonic()
+    env = dict(os.environ, SGLANG_JIT_CACHE_DIR=shared)
+    runs = [(arch, (part, jobs)) for arch in spec["archs"] for part in range(jobs)]
+    running = [(arch, subprocess.Popen([sys.executable, "-B", os.path.abspath(__file__), "sglang-seed",
+                                        json.dumps(spec), arch, f"{part[0]}/{part[1]}"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+               for arch, part in runs]
+    used = set()
+    for arch, process in running:
+        stdout, stderr = process.communicate()
+        answer = [line for line in stdout.splitlines() if line.startswith("{")][-1:]
+        if process.returncode != 0 or not answer:
+            raise AotError(f"seeding SGLang's JIT cache for {arch} failed:\n{stderr[-4000:]}")
+        result = json.loads(answer[0])
+        failed = [r for r in result["results"] if r[2]]
+        if failed:
+            raise AotError("SGLang kernels did not build: " + "; ".join(f"{s} {w}: {e}" for s, w, e in failed))
+        used |= {os.path.dirname(path) for path in result["mapped"]
+                 if os.path.basename(os.path.dirname(path)).startswith("deps-")}  # published leaves only
+    cache.used |= used
+    seconds = round(time.monotonic() - started, 1)
+    artifacts, compiled = [], len(used - before)
+    for leaf in sorted(used):
+        relative = os.path.relpath(leaf, os.path.realpath(shared))
+        target = os.path.join(image_cache, relative)
+        if os.path.realpath(target) != os.path.realpath(leaf):
+            shutil.copytree(leaf, target, dirs_exist_ok=True)
+            os.utime(leaf, None)
+        for path in sorted(_shared_objects(target)):
+            artifacts.append(dict(kind="sglang", name=relative.split(os.sep)[1], path=path,
+                                  target=relative.split(os.sep)[0], **describe(path)))
+    return artifacts, compiled, seconds
+
+
+def build(spec: dict, manifest_path: str) -> tuple:
+    """Compile (or take from the kernel cache) every module the shapes need, install it where the runtime
+    looks, write the manifest. Returns (manifest, stats). The manifest is part of the image and holds only
+    what the inputs decide; what this run did (compiled or reused, seconds, jobs) is in stats, for the log."""
     from flashinfer.jit import env as flashinfer_env
 
     cuda_home = os.environ["CUDA_HOME"]
     stub = ensure_link_stub(cuda_home)
-    artifacts = []
-    modules = flashinfer_modules(spec["shapes"], dry=False)
-    aot_dir = str(flashinfer_env.FLASHINFER_AOT_DIR)
-    for name, entry in sorted(modules.items()):
-        source = str(entry["spec"].jit_library_path)
-        target = os.path.join(aot_dir, name, f"{name}.so")
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copyfile(source, target + ".tmp")
-        os.replace(target + ".tmp", target)
-        artifacts.append(dict(kind="flashinfer", name=name, path=target, shapes=entry["shapes"],
-                              loads=entry["loads"], seconds=round(entry["seconds"], 1), **describe(target)))
-    sglang_seconds = None
+    workspace = os.environ.get("FLASHINFER_WORKSPACE_BASE") or tempfile.gettempdir()
+    shim = kernel_cache.build_pid_shim(os.path.join(workspace, "imagebuild-shim"))
+    os.environ["LD_PRELOAD"] = " ".join(filter(None, [shim, os.environ.get("LD_PRELOAD")]))
+    cache = kernel_cache.KernelCache(os.environ.get("IMAGEBUILD_KERNEL_CACHE") or None)
+    jobs = kernel_cache.jobs()
+    artifacts, compiled, seconds = build_flashinfer(spec, cache, jobs, kernel_cache.fingerprint(cuda_home))
     if spec["sglang"]:
-        started = time.monotonic()
-        cache = sglang_cache_dir()
-        before = set(_shared_objects(cache))
-        for arch in spec["archs"]:  # SGLang caches its target once per process
-            result = subprocess.run([sys.executable, "-B", os.path.abspath(__file__), "sglang-seed",
-                                     json.dumps(spec), arch], capture_output=True, text=True)
-            if result.returncode != 0:
-                raise AotError(f"seeding SGLang's JIT cache for {arch} failed:\n{result.stderr[-4000:]}")
-            answer = [line for line in result.stdout.splitlines() if line.startswith("[")][-1:]
-            if not answer:
-                raise AotError(f"seeding SGLang's JIT cache for {arch} printed no result:\n{result.stderr[-4000:]}")
-            failed = [r for r in json.loads(answer[0]) if r[2]]
-            if failed:
-                raise AotError("SGLang kernels did not build: " + "; ".join(f"{s} {w}: {e}" for s, w, e in failed))
-        for path in sorted(set(_shared_objects(cache)) - before):
-            relative = os.path.relpath(path, cache)
-            artifacts.append(dict(kind="sglang", name=relative.split(os.sep)[1], path=path,
-                                  target=relative.split(os.sep)[0], **describe(path)))
-        sglang_seconds = round(time.monotonic() - started, 1)
+        found, sglang_compiled, sglang_seconds = build_sglang(spec, cache, jobs)
+        artifacts, compiled, seconds = artifacts + found, compiled + sglang_compiled, seconds + sglang_seconds
     manifest = {"manifest_version": MANIFEST_VERSION, "archs": spec["archs"], "shapes": spec["shapes"],
                 "deep_gemm": spec["deep_gemm"], "versions": _versions(),
                 "nvcc_version": tool_version([os.path.join(cuda_home, "bin", "nvcc"), "--version"]),
-                "link_stub": stub, "flashinfer_aot_dir": aot_dir, "sglang_seconds": sglang_seconds,
-                "sglang_jit_cache_dir": sglang_cache_dir() if spec["sglang"] else None,
-                "artifacts": artifacts}
+                "link_stub": stub, "flashinfer_aot_dir": str(flashinfer_env.FLASHINFER_AOT_DIR),
+                "sglang_jit_cache_dir": sglang_cache_dir() if spec["sglang"] else None, "artifacts": artifacts}
     _write_json(manifest_path, manifest)
-    return manifest
+    stats = {"compiled": compiled, "reused": len(artifacts) - compiled, "seconds": round(seconds, 1), "jobs": jobs,
+             "cache": cache.root, "peak_compile_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024,
+             "cache_after": cache.trim(kernel_cache.bound())}
+    return manifest, stats
 
 
 def _shared_objects(folder: str) -> list:
@@ -420,15 +493,18 @@ def main(argv: list) -> int:
         print(json.dumps(plan(_read(argv[1])), indent=2, sort_keys=True))
         return 0
     if len(argv) == 3 and argv[0] == "build":
-        manifest = build(_read(argv[1]), argv[2])
+        manifest, stats = build(_read(argv[1]), argv[2])
         for artifact in manifest["artifacts"]:
             print(f"{artifact['kind']:10} {artifact['bytes']:>10} sass={artifact['sass']} {artifact['name']}")
+        print(STATS_MARK + json.dumps(stats, sort_keys=True))  # read by the pipeline from the build's output
         return 0
     if len(argv) == 3 and argv[0] == "prove":
         print(json.dumps(prove(_read(argv[1]), _read(argv[2]))))
         return 0
-    if len(argv) == 3 and argv[0] == "sglang-seed":
-        print(json.dumps(run_sglang_builders(json.loads(argv[1])["shapes"], argv[2])))
+    if len(argv) == 4 and argv[0] == "sglang-seed":
+        part, parts = (int(n) for n in argv[3].split("/"))
+        results = run_sglang_builders(json.loads(argv[1])["shapes"], argv[2], (part, parts))
+        print(json.dumps({"results": results, "mapped": sorted(mapped_under(sglang_cache_dir()))}))
         return 0
     print(__doc__, file=sys.stderr)
     return 2

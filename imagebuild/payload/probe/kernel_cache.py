@@ -1,0 +1,225 @@
+"""The kernel cache: [aot]'s compiled kernels kept across builds, keyed by everything that decides their bytes.
+
+FlashInfer keys its JIT folder by module name and leaves freshness to ninja's timestamps, which know
+nothing of nvcc, the host compiler or the headers; here each FlashInfer module is keyed by the sha256 of
+its generated sources, its build.ninja (every flag, include folder and the arch list), nvcc's and the host
+compiler's `--version`, the Debian toolchain packages, and the releases of every distribution whose headers
+it compiles against (FlashInfer, TVM-FFI, torch, the nvidia-* CUDA wheels). SGLang's JIT cache is already
+content-addressed and checks its own entries (sglang/kernels/jit/utils/compile/cache.py); it is shared as
+it is, under sglang/.
+
+    ROOT/flashinfer/<key>/<module>.so     one module; entry.json says what it was built from
+    ROOT/sglang/                          SGLang's own cache root (SGLANG_JIT_CACHE_DIR)
+
+ROOT is the [aot] step's BuildKit cache mount: it outlives the layers, so a build whose kernel inputs
+did not change compiles nothing even when a layer below rebuilt. Entries are written to a temporary
+folder and renamed; a hit refreshes its mtime, and `trim` drops the least recently used entries past
+the bound (IMAGEBUILD_KERNEL_CACHE_BYTES, 8 GiB by default). Standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+
+KEY_VERSION = 1
+DEFAULT_BOUND = 8 << 30
+# Distributions whose files a FlashInfer module compiles against, by name prefix.
+HEADER_DISTRIBUTIONS = ("flashinfer", "nvidia-", "apache-tvm-ffi", "torch")
+# Debian packages of the host toolchain: system headers and the compiler nvcc hands host code to.
+TOOLCHAIN_DEBS = ("gcc", "g++", "cpp", "libstdc++", "libgcc", "libc6-dev", "linux-libc-dev", "binutils")
+PID_SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deterministic_pid.c")
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _output(command: list) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unavailable"
+
+
+def _distributions() -> list:
+    from importlib import metadata
+    found = set()
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith(HEADER_DISTRIBUTIONS):
+            found.add((name, dist.version))
+    return sorted(found)
+
+
+def _toolchain_debs(status: str = "/var/lib/dpkg/status") -> list:
+    found, package = [], None
+    try:
+        with open(status, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Package: "):
+                    package = line.split(":", 1)[1].strip()
+                elif line.startswith("Version: ") and package and package.startswith(TOOLCHAIN_DEBS):
+                    found.append((package, line.split(":", 1)[1].strip()))
+    except OSError:
+        pass
+    return sorted(found)
+
+
+def fingerprint(cuda_home: str) -> dict:
+    """The build-wide half of every key: compilers, toolchain packages, header distributions, target archs."""
+    return {"key_version": KEY_VERSION, "machine": platform.machine(),
+            "nvcc": _output([os.path.join(cuda_home, "bin", "nvcc"), "--version"]),
+            "cxx": _output(["c++", "--version"]), "debs": _toolchain_debs(), "distributions": _distributions(),
+            "arch_list": os.environ.get("FLASHINFER_CUDA_ARCH_LIST", ""),
+            "pid_shim": sha256_file(PID_SHIM_SOURCE) if os.path.exists(PID_SHIM_SOURCE) else None}
+
+
+def _folder_digests(folder: str) -> list:
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            found.append((os.path.relpath(path, folder), sha256_file(path)))
+    return found
+
+
+def flashinfer_key(spec, build_wide: dict, generated_root: str) -> str | None:
+    """The module's key, or None when it cannot be keyed (a spec kind without a build.ninja)."""
+    write_ninja = getattr(spec, "write_ninja", None)
+    ninja_path = getattr(spec, "ninja_path", None)
+    if write_ninja is None or ninja_path is None:
+        return None
+    write_ninja()
+    with open(ninja_path, encoding="utf-8") as handle:
+        ninja = handle.read()
+    sources = [(str(path), sha256_file(str(path))) for path in spec.sources]
+    generated = os.path.realpath(generated_root) + os.sep
+    folders = sorted({os.path.dirname(os.path.realpath(str(p))) for p in spec.sources
+                      if os.path.realpath(str(p)).startswith(generated)})
+    parts = {"name": spec.name, "kind": type(spec).__name__, "ninja": ninja, "sources": sources,
+             "generated": [(folder, _folder_digests(folder)) for folder in folders], "build": build_wide}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class KernelCache:
+    """A folder of kernels by key; `root` None is a cache that holds nothing and keeps nothing."""
+
+    def __init__(self, root: str | None):
+        self.root = root
+        self.used: set = set()  # entry folders this build read or wrote: never trimmed by it
+
+    def _entry(self, key: str) -> str:
+        return os.path.join(self.root, "flashinfer", key)
+
+    def find(self, key: str | None, name: str) -> str | None:
+        if not self.root or not key:
+            return None
+        path = os.path.join(self._entry(key), f"{name}.so")
+        if not os.path.isfile(path):
+            return None
+        os.utime(self._entry(key), None)
+        self.used.add(self._entry(key))
+        return path
+
+    def store(self, key: str | None, name: str, built: str) -> str | None:
+        """Keep a freshly built module; returns its path in the cache (None: not kept)."""
+        if not self.root or not key:
+            return None
+        entry = self._entry(key)
+        os.makedirs(os.path.dirname(entry), exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".staging-", dir=os.path.dirname(entry))
+        shutil.copyfile(built, os.path.join(staging, f"{name}.so"))
+        with open(os.path.join(staging, "entry.json"), "w", encoding="utf-8") as out:
+            json.dump({"name": name, "sha256": sha256_file(built), "bytes": os.path.getsize(built)}, out)
+        try:
+            os.rename(staging, entry)
+        except OSError:  # another build stored the same key meanwhile: same inputs, same bytes
+            shutil.rmtree(staging, ignore_errors=True)
+        self.used.add(entry)
+        return os.path.join(entry, f"{name}.so")
+
+    def sglang_root(self) -> str | None:
+        return os.path.join(self.root, "sglang") if self.root else None
+
+    def trim(self, bound: int) -> dict:
+        """Drop least recently used entries (FlashInfer modules, SGLang modules) until the cache fits."""
+        if not self.root or not os.path.isdir(self.root):
+            return {"bytes": 0, "removed": 0, "bound": bound}
+        entries = []
+        for folder, depth in ((os.path.join(self.root, "flashinfer"), 1), (self.sglang_root(), 2)):
+            for path in _entries(folder, depth):
+                entries.append((os.path.getmtime(path), _size(path), path))
+        total, removed = sum(size for _, size, _ in entries), 0
+        for _, size, path in sorted(entries):
+            if total <= bound:
+                break
+            if path in self.used or any(used.startswith(path + os.sep) for used in self.used):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            total, removed = total - size, removed + 1
+        return {"bytes": total, "removed": removed, "bound": bound}
+
+
+def _entries(folder: str, depth: int) -> list:
+    """Folders `depth` levels below folder (SGLang's: <target>/<module>)."""
+    level = [folder]
+    for _ in range(depth):
+        level = [os.path.join(parent, name) for parent in level if os.path.isdir(parent)
+                 for name in sorted(os.listdir(parent)) if not name.startswith(".")]
+    return [path for path in level if os.path.isdir(path)]
+
+
+def _size(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, name)) for name in files)
+    return total
+
+
+def bound() -> int:
+    value = os.environ.get("IMAGEBUILD_KERNEL_CACHE_BYTES", "")
+    return int(value) if value.isdigit() else DEFAULT_BOUND
+
+
+def build_pid_shim(folder: str) -> str:
+    """Compile deterministic_pid.c into folder; returns the library to put in LD_PRELOAD."""
+    target = os.path.join(folder, "deterministic_pid.so")
+    os.makedirs(folder, exist_ok=True)
+    subprocess.run(["c++", "-x", "c", "-shared", "-fPIC", "-O2", PID_SHIM_SOURCE, "-o", target], check=True)
+    return target
+
+
+def jobs(cpus: int | None = None, available: int | None = None, per_job: int = 2 << 30) -> int:
+    """Compiles run at once: one per core the step may use, and no more than 2 GiB of available memory each
+    (nvcc's peak on FlashInfer's attention units is reported in the manifest). IMAGEBUILD_AOT_JOBS overrides."""
+    value = os.environ.get("IMAGEBUILD_AOT_JOBS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if available is None:
+        available = _mem_available()
+    by_memory = available // per_job if available else cpus
+    return max(1, min(cpus, by_memory))
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -1,0 +1,188 @@
+"""The [aot] step's kernel cache (payload/probe/kernel_cache.py): keys, entries, the bound, the jobs rule,
+and the getpid shim that makes nvcc's objects repeatable, proven with the pip toolchain's real nvcc (two
+compiles in two processes differ without the shim, and are byte-identical with it)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from imagebuild.payload.probe import kernel_cache
+from imagebuild.payload.probe.kernel_cache import KernelCache
+
+# Anonymous namespaces are what the module id names: the symbol nvcc makes differ from run to run.
+SOURCE = """namespace { __global__ void scale(float* x) { x[threadIdx.x] *= 2.0f; } }
+__global__ void shift(float* x) { x[threadIdx.x] += 1.0f; }
+void launch(float* x) { scale<<<1, 32>>>(x); shift<<<1, 32>>>(x); }
+"""
+
+
+class NinjaSpec:
+    """What kernel_cache.flashinfer_key reads of FlashInfer's JitSpecNvcc (name, sources, write_ninja,
+    ninja_path), over files of the test's own: the key's rules, not FlashInfer's, are under test here; the
+    slow tier keys real FlashInfer specs (tests/test_kernel_step.py)."""
+
+    def __init__(self, folder: Path, ninja: str, sources: dict):
+        self.name, self.folder, self.ninja = "batch_prefill_test", folder, ninja
+        self.sources = []
+        for name, text in sources.items():
+            (folder / name).write_text(text)
+            self.sources.append(folder / name)
+        self.ninja_path = folder / "build.ninja"
+
+    def write_ninja(self):
+        self.ninja_path.write_text(self.ninja)
+
+
+def key(tmp_path: Path, ninja="rule nvcc\n", sources=None, build=None, extra=None) -> str:
+    folder = tmp_path / "generated" / "batch_prefill_test"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in (extra or {}).items():
+        (folder / name).write_text(text)
+    spec = NinjaSpec(folder, ninja, sources or {"prefill.cu": "kernel"})
+    return kernel_cache.flashinfer_key(spec, build or {"nvcc": "13.0.88"}, str(tmp_path / "generated"))
+
+
+def test_the_key_holds_sources_flags_generated_headers_and_the_build(tmp_path):
+    base = key(tmp_path / "a")
+    assert base == key(tmp_path / "a"), "the same inputs, written again, name the same kernel"
+    # Paths are inputs too (nvcc embeds source paths): the [aot] step always compiles in one workspace.
+    assert key(tmp_path / "b") != base
+    assert key(tmp_path / "c", sources={"prefill.cu": "kernel2"}) != base
+    assert key(tmp_path / "d", ninja="rule nvcc -O3\n") != base
+    assert key(tmp_path / "e", build={"nvcc": "13.0.89"}) != base
+    # A generated header no source names in spec.sources, beside them: its bytes are in the key too.
+    assert key(tmp_path / "f", extra={"config.inc": "#define X 1"}) != key(tmp_path / "g", extra={"config.inc": "#define X 2"})
+
+
+def test_a_spec_without_a_build_ninja_is_not_keyed(tmp_path):
+    class CuteSpec:
+        name, sources = "cute", []
+    assert kernel_cache.flashinfer_key(CuteSpec(), {}, str(tmp_path)) is None
+
+
+def test_entries_are_found_by_key_and_survive_as_written(tmp_path):
+    built = tmp_path / "built.so"
+    built.write_bytes(b"\x7fELF" + os.urandom(64))
+    cache = KernelCache(str(tmp_path / "cache"))
+    assert cache.find("k1", "mod") is None
+    stored = cache.store("k1", "mod", str(built))
+    assert Path(stored).read_bytes() == built.read_bytes()
+    assert KernelCache(str(tmp_path / "cache")).find("k1", "mod") == stored
+    assert KernelCache(str(tmp_path / "cache")).find("k2", "mod") is None
+    assert not [p for p in (tmp_path / "cache" / "flashinfer").iterdir() if p.name.startswith(".staging")]
+    # Storing the same key again (another build raced this one) keeps the first entry and leaves no staging.
+    assert cache.store("k1", "mod", str(built)) == stored
+    assert [p.name for p in (tmp_path / "cache" / "flashinfer").iterdir()] == ["k1"]
+
+
+def test_no_root_keeps_nothing(tmp_path):
+    cache = KernelCache(None)
+    built = tmp_path / "x.so"
+    built.write_bytes(b"x")
+    assert cache.store("k", "m", str(built)) is None and cache.find("k", "m") is None
+    assert cache.trim(0) == {"bytes": 0, "removed": 0, "bound": 0}
+
+
+def test_trim_drops_least_recently_used_entries_and_never_what_this_build_used(tmp_path):
+    root = tmp_path / "cache"
+    writer = KernelCache(str(root))
+    for index, name in enumerate(("old", "middle", "new")):
+        built = tmp_path / f"{name}.so"
+        built.write_bytes(b"k" * 1000)
+        writer.store(name, "mod", str(built))
+        os.utime(root / "flashinfer" / name, (time.time() - 1000 + index, time.time() - 1000 + index))
+    leaf = root / "sglang" / "sm120f" / "rmsnorm" / "build-x" / "deps-y"
+    leaf.mkdir(parents=True)
+    (leaf / "rmsnorm.so").write_bytes(b"s" * 1000)
+    os.utime(root / "sglang" / "sm120f" / "rmsnorm", (time.time() - 2000, time.time() - 2000))
+    reader = KernelCache(str(root))
+    reader.find("old", "mod")  # used by this build: kept however old
+    result = reader.trim(2400)  # two entries of 1000 bytes and their entry.json
+    remaining = sorted(p.name for p in (root / "flashinfer").iterdir())
+    assert remaining == ["new", "old"] and not (root / "sglang" / "sm120f" / "rmsnorm").exists()
+    assert result["removed"] == 2 and 2000 < result["bytes"] <= 2400
+
+
+def test_the_jobs_rule_is_cores_bounded_by_memory(monkeypatch):
+    monkeypatch.delenv("IMAGEBUILD_AOT_JOBS", raising=False)
+    gib = 1 << 30
+    assert kernel_cache.jobs(cpus=16, available=128 * gib) == 16
+    assert kernel_cache.jobs(cpus=16, available=9 * gib) == 4
+    assert kernel_cache.jobs(cpus=2, available=1 * gib) == 1
+    assert kernel_cache.jobs(cpus=2, available=None) == 2
+    monkeypatch.setenv("IMAGEBUILD_AOT_JOBS", "3")
+    assert kernel_cache.jobs(cpus=16, available=128 * gib) == 3
+    monkeypatch.setenv("IMAGEBUILD_AOT_JOBS", "zero")
+    assert kernel_cache.jobs(cpus=2, available=None) == 2
+
+
+def test_the_toolchain_packages_are_read_from_a_real_dpkg_status():
+    found = dict(kernel_cache._toolchain_debs())
+    assert "libc6-dev" in found or "gcc" in found or any(name.startswith("g++") for name in found), found
+    assert all(name.startswith(kernel_cache.TOOLCHAIN_DEBS) for name in found)
+
+
+@pytest.mark.needs_tool("c++")
+def test_the_fingerprint_reads_the_compilers_and_distributions(tmp_path, real_nvcc):
+    cuda_home = real_nvcc.nvcc.parent.parent
+    found = kernel_cache.fingerprint(str(cuda_home))
+    assert "release 13.0" in found["nvcc"] and found["cxx"] != "unavailable"
+    assert found["pid_shim"] == hashlib.sha256(Path(kernel_cache.PID_SHIM_SOURCE).read_bytes()).hexdigest()
+    assert found["key_version"] == kernel_cache.KEY_VERSION
+
+
+def compile_twice(real_nvcc, tmp_path: Path, preload: str | None) -> list[bytes]:
+    (tmp_path / "k.cu").write_text(SOURCE)
+    objects = []
+    for run in range(2):
+        env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
+        if preload:
+            env["LD_PRELOAD"] = preload
+        done = subprocess.run([str(real_nvcc.nvcc), "-c", "-Xcompiler", "-fPIC", "-gencode=arch=compute_120f,code=sm_120f",
+                               "k.cu", "-o", "k.o"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        objects.append((tmp_path / "k.o").read_bytes())
+        (tmp_path / "k.o").unlink()
+    return objects
+
+
+@pytest.mark.needs_tool("c++")
+def test_without_the_shim_two_compiles_differ_in_the_process_id(real_nvcc, tmp_path):
+    first, second = compile_twice(real_nvcc, tmp_path, None)
+    assert first != second  # the negative control: what the shim is for
+    assert b"tmpxft_" in first
+
+
+@pytest.mark.needs_tool("c++")
+def test_with_the_shim_two_compiles_are_byte_identical(real_nvcc, tmp_path):
+    shim = kernel_cache.build_pid_shim(str(tmp_path / "shim"))
+    first, second = compile_twice(real_nvcc, tmp_path, shim)
+    assert first == second and len(first) > 1000
+    # Other programs keep their real process id: the shim answers only NVIDIA's compiler drivers.
+    done = subprocess.run(["python3", "-c", "import os; print(os.getpid(), open('/proc/self/stat').read().split()[0])"],
+                          env=dict(os.environ, LD_PRELOAD=shim), capture_output=True, text=True, check=True)
+    answered, real = done.stdout.split()
+    assert answered == real
+
+
+@pytest.mark.needs_tool("c++")
+def test_with_the_shim_two_different_compiles_get_different_temporary_names(real_nvcc, tmp_path):
+    """Compiles run in parallel sharing TMPDIR: each compile's number comes from its own command line."""
+    shim = kernel_cache.build_pid_shim(str(tmp_path / "shim"))
+    (tmp_path / "a.cu").write_text(SOURCE)
+    (tmp_path / "b.cu").write_text(SOURCE)
+    names = []
+    for source in ("a.cu", "b.cu"):
+        subprocess.run([str(real_nvcc.nvcc), "-c", "-Xcompiler", "-fPIC", "-gencode=arch=compute_120f,code=sm_120f",
+                        source, "-o", source + ".o"], cwd=tmp_path, env=dict(os.environ, LD_PRELOAD=shim),
+                       check=True, capture_output=True, timeout=300)
+        data = (tmp_path / (source + ".o")).read_bytes()
+        at = data.index(b"tmpxft_")
+        names.append(data[at:at + 16])
+    assert names[0] != names[1]

@@ -1,0 +1,63 @@
+"""What the [aot] kernel step did, read from build output (imagebuild/kernels.py): the step's own line as
+BuildKit and buildah print it, lines that only look like it, and any text at all without a traceback."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from imagebuild.kernels import KernelStepWatch, parse_stats, summary
+from imagebuild.payload.probe.kernels_aot import STATS_MARK
+
+STATS = {"compiled": 2, "reused": 5, "seconds": 41.5, "jobs": 2, "cache": "/var/cache/imagebuild/kernels",
+         "peak_compile_rss_mb": 1800, "cache_after": {"bytes": 1, "removed": 0, "bound": 8}}
+
+
+def test_the_steps_line_is_read_as_buildkit_and_buildah_print_it():
+    line = STATS_MARK + json.dumps(STATS)
+    for printed in (f"#17 212.4 {line}", line):
+        assert parse_stats(printed) == {"compiled": 2, "reused": 5, "seconds": 41.5, "jobs": 2, "step": "ran"}
+
+
+def test_lines_that_only_look_like_it_are_not_stats():
+    for printed in ("#17 3.1 kernels: 2 compiled", STATS_MARK + "{not json", STATS_MARK + "[1, 2]",
+                    STATS_MARK + json.dumps(dict(STATS, compiled=-1)), STATS_MARK + json.dumps(dict(STATS, jobs=True)),
+                    STATS_MARK + json.dumps(dict(STATS, seconds="41")), STATS_MARK + json.dumps({"compiled": 1})):
+        assert parse_stats(printed) is None, printed
+
+
+def test_the_watch_passes_every_line_on_and_keeps_the_stats():
+    seen = []
+    watch = KernelStepWatch(seen.append)
+    for printed in ("#1 [stage-0 1/3] FROM base", f"#9 1.0 {STATS_MARK}{json.dumps(STATS)}", "#10 DONE"):
+        watch(printed)
+    assert len(seen) == 3
+    report = watch.report(lambda: 99)
+    assert report["step"] == "ran" and report["compiled"] == 2
+    assert summary(report) == "kernels: 2 compiled, 5 reused from the kernel cache, 41.5 s compiling (2 jobs)"
+
+
+def test_a_step_that_did_not_run_reports_the_kernels_of_the_cached_layer():
+    watch = KernelStepWatch(lambda _: None)
+    watch("#9 CACHED")
+    report = watch.report(lambda: 7)
+    assert report == {"compiled": 0, "reused": 7, "seconds": 0.0, "jobs": None, "step": "cached"}
+    assert "builder cache" in summary(report) and "7 kernels" in summary(report)
+
+
+@given(st.text())
+def test_any_line_ends_in_stats_or_none(text):
+    for printed in (text, STATS_MARK + text, f"#3 0.2 {STATS_MARK}{text}"):
+        result = parse_stats(printed)
+        assert result is None or set(result) == {"compiled", "reused", "seconds", "jobs", "step"}
+
+
+@given(st.dictionaries(st.sampled_from(["compiled", "reused", "seconds", "jobs", "x"]),
+                       st.one_of(st.integers(), st.floats(allow_nan=True), st.booleans(), st.none(), st.text())))
+def test_any_json_object_ends_in_stats_or_none(value):
+    result = parse_stats(STATS_MARK + json.dumps(value))
+    if result is not None:
+        assert result["compiled"] >= 0 and result["seconds"] >= 0
+        summary(result)
