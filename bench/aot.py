@@ -1,32 +1,47 @@
 #!/usr/bin/env python3
-"""What [aot] costs at build time and saves at first use, measured in the same run (issue 15).
+"""What [aot]'s kernel step costs, and what the kernel cache saves, measured in one run (issue 23).
 
-For a recipe with [aot] (default: the flagship), on this machine, without a GPU:
-- build: `imagebuild build` as it stands (the kernel step cached or not: the report says which), then
-  again with nothing changed (an unchanged lock must pay nothing);
-- the kernels: each artifact of the image's manifest with its bytes and the seconds its compile took in
-  that image's build (FlashInfer's JIT, the same work a fresh node does on first use), and the size of
-  the kernel layer;
-- first use with the kernels prebuilt: a fresh container loads every declared module through FlashInfer's
-  and SGLang's own loaders with JIT disabled; the baseline is the compile those loads replace, measured by
-  the build of the same image. The ratio is prebuilt load / JIT compile.
+For a recipe with [aot] (default: the flagship), on this machine, without a GPU. The baseline is the
+kernel step cold: the recipe's own context built with the kernel cache mount renamed to an empty one
+of this run's own (every layer below from the builder cache, as after any change below the step before
+the kernel cache existed). Against it, as ratios:
+- library-only move: the recipe plus one pure-Python pin no kernel imports (six), relocked and built by
+  `imagebuild build` (no smoke): the layers above the change and the kernel step rerun; kernels compiled?
+- the pin move (--pin-move): sglang 0.5.23 -> 0.5.22 with FlashInfer 0.7.1, as bench/flagship.py moves it:
+  which kernels' keys changed and were compiled, which were reused;
+- jobs: the step's compile run again in a container of the built image on empty caches, with 1 job and
+  with 2 (IMAGEBUILD_AOT_JOBS), and every artifact's sha256 compared across the three compiles (the cold
+  build's, 1 job's, 2 jobs') — the kernels' byte-identity;
+- first use: a fresh container loads every declared module with JIT disabled (prebuilt load vs compile).
 
-Usage: .venv/bin/python bench/aot.py [RECIPE]
+Usage: .venv/bin/python bench/aot.py [RECIPE] [--pin-move] [--skip-jobs]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from imagebuild import pipeline  # noqa: E402
+from imagebuild.engine.docker import DockerEngine  # noqa: E402
+from imagebuild.kernels import KernelStepWatch  # noqa: E402
+from imagebuild.lock import default_lock_path, read_lock, uv_binary  # noqa: E402
+from imagebuild.payload.probe.kernels_aot import STATS_MARK  # noqa: E402
+from imagebuild.pipeline import ca_bundle  # noqa: E402
+from imagebuild.recipe.model import load_recipe  # noqa: E402
+from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, render_context  # noqa: E402
+
 DOCKER = os.environ.get("IMAGEBUILD_DOCKER_CLI", "/usr/bin/docker")
-IMAGEBUILD = [sys.executable, "-m", "imagebuild"]
-# Imports first (a server pays them anyway), then the loads, the negative control included.
 LOAD = ("import json, sys, time; t0 = time.monotonic(); sys.path.insert(0, '/opt/imagebuild/probe.pyz'); "
         "import torch, flashinfer.prefill, flashinfer.decode, flashinfer.cascade, flashinfer.sampling; "
         "import sglang.srt.layers.attention.flashinfer_backend, sglang.kernels.ops.attention.rope; "
@@ -37,50 +52,136 @@ LOAD = ("import json, sys, time; t0 = time.monotonic(); sys.path.insert(0, '/opt
         "'flashinfer': len(proof['flashinfer']['loaded']), "
         "'misses': len(proof['flashinfer']['misses']) + len(proof.get('sglang', {}).get('misses', [])), "
         "'sglang': len(proof.get('sglang', {}).get('hits', []))}))")
+# The step's compile in a container of the built image: no kernel cache, SGLang's cache emptied.
+COMPILE = ("set -eu; export FLASHINFER_WORKSPACE_BASE=/tmp/imagebuild-aot HOME=/tmp/imagebuild-aot/home "
+           "PYTHONDONTWRITEBYTECODE=1 SGLANG_JIT_CACHE_DIR=/tmp/sglang-jit; "
+           "python -B /run/imagebuild/aot/kernels_aot.py build /run/imagebuild/aot/aot.json /tmp/manifest.json; "
+           "echo MANIFEST $(python -c 'import json; print(json.dumps(json.load(open(\"/tmp/manifest.json\"))))')")
 
 
-def run(command: list[str]) -> tuple[float, str]:
-    started = time.monotonic()
+def sh(*command: str) -> str:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    return time.monotonic() - started, done.stdout
+    return done.stdout
+
+
+def manifest_of(image: str) -> dict:
+    return json.loads(sh(DOCKER, "run", "--rm", "--network", "none", image, "cat", AOT_MANIFEST))
+
+
+def by_name(manifest: dict) -> dict:
+    return {(a["kind"], a.get("target", ""), a["name"]): a["sha256"] for a in manifest["artifacts"]}
+
+
+def cold_kernel_step(engine, recipe_path: Path, folder: Path) -> dict:
+    """The recipe's context, its kernel cache mount renamed to an empty one of this run's: the step compiles all."""
+    recipe, lock_path = load_recipe(recipe_path), default_lock_path(load_recipe(recipe_path))
+    context = render_context(read_lock(lock_path), recipe, folder / "context", uv_path=uv_binary(),
+                             lock_text=lock_path.read_text())
+    private = f"{KERNEL_CACHE_DIR}-bench-{os.getpid()}"
+    dockerfile = context / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace(f"id={KERNEL_CACHE_ID},", f"id=imagebuild-bench-{os.getpid()},")
+                          .replace(KERNEL_CACHE_DIR, private))
+    watch = KernelStepWatch(lambda _: None)
+    bundle = ca_bundle()
+    started = time.monotonic()
+    image_id = engine.build(context, secrets={"ca": bundle} if bundle else {}, progress=watch)
+    seconds = time.monotonic() - started
+    for mount in engine.cache_mounts():
+        if f"cached mount {private} " in mount["description"]:
+            engine.remove_cache_mount(mount["id"])
+    return {"image": image_id, "seconds": seconds, "kernels": watch.report(lambda: None), "context": context}
+
+
+def moved(recipe_path: Path, folder: Path, name: str, edit) -> Path:
+    text = edit(recipe_path.read_text())
+    text = re.sub(r'name = "([^"]+)"', lambda m: f'name = "imagebuild-bench/{name}"', text, count=1)
+    text = text.replace('file = "patches/', f'file = "{recipe_path.parent}/patches/')
+    path = folder / "recipes" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def timed_build(engine, recipe: Path) -> tuple[float, object]:
+    started = time.monotonic()
+    report = pipeline.build(recipe, engine, relock=True, rebuild=True, run_smoke=False)
+    return time.monotonic() - started, report
+
+
+def compile_in_container(image: str, aot: Path, jobs: int) -> tuple[float, dict, dict]:
+    started = time.monotonic()
+    out = sh(DOCKER, "run", "--rm", "--network", "none", "-e", f"IMAGEBUILD_AOT_JOBS={jobs}",
+             "-v", f"{aot}:/run/imagebuild/aot:ro", image, "sh", "-c", COMPILE)
+    seconds = time.monotonic() - started
+    stats = json.loads(next(line[len(STATS_MARK):] for line in out.splitlines() if line.startswith(STATS_MARK)))
+    manifest = json.loads(next(line[len("MANIFEST "):] for line in out.splitlines() if line.startswith("MANIFEST ")))
+    return seconds, stats, manifest
 
 
 def main() -> None:
-    recipe = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "recipes" / "sglang-blackwell.toml"
-    first_s, out = run(IMAGEBUILD + ["build", str(recipe), "--json"])
-    report = json.loads(out)
-    image = report["image"]
-    again_s, out = run(IMAGEBUILD + ["build", str(recipe), "--json"])
-    again = json.loads(out)
-    _, text = run([DOCKER, "run", "--rm", "--network", "none", image, "cat", "/opt/imagebuild/aot-manifest.json"])
-    manifest = json.loads(text)
-    _, history = run([DOCKER, "history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", image])
-    kernel_layer = next((line.split("\t")[0] for line in history.splitlines() if "kernels_aot.py build" in line), "?")
-    load_wall, out = run([DOCKER, "run", "--rm", "--network", "none", "-e", "FLASHINFER_DISABLE_JIT=1",
-                          "-e", "SGLANG_CRASH_ON_JIT_COMPILE=1", "-e", "FLASHINFER_WORKSPACE_BASE=/tmp/fi",
-                          image, "python", "-c", LOAD])
-    load = json.loads(out.strip().splitlines()[-1])
-    artifacts = manifest["artifacts"]
-    flashinfer_s = sum(a.get("seconds", 0) for a in artifacts if a["kind"] == "flashinfer")
-    compile_s = flashinfer_s + (manifest.get("sglang_seconds") or 0)
-    print(f"recipe {recipe.name}: image {image}")
-    print(f"  build as it stood: {first_s:.1f} s ({'reused' if report.get('reused') else 'built'}); "
-          f"again, nothing changed: {again_s:.2f} s ({'reused' if again.get('reused') else 'built'})")
-    print(f"  kernel layer: {kernel_layer}; {len(artifacts)} artifacts, "
-          f"{sum(a['bytes'] for a in artifacts) / 1e6:.1f} MB")
-    for a in sorted(artifacts, key=lambda a: (a["kind"], a["name"])):
-        seconds = f"{a['seconds']:.1f} s" if "seconds" in a else "-"
-        print(f"    {a['kind']:10} {a['bytes'] / 1e6:6.2f} MB  {seconds:>8}  sass={a['sass']}  {a['name']}")
-    print(f"  compile in the build: FlashInfer {flashinfer_s:.1f} s + SGLang {manifest.get('sglang_seconds') or 0:.1f} s"
-          f" = {compile_s:.1f} s ({compile_s / 60:.1f} min)")
-    print(f"  first use, prebuilt: {load['flashinfer']} FlashInfer loads and {load['sglang']} SGLang kernels in "
-          f"{load['seconds']:.1f} s after {load['imports']:.1f} s of imports (container {load_wall:.1f} s), "
-          f"{load['misses']} misses")
-    print(f"  ratio prebuilt load / JIT compile: {load['seconds'] / compile_s:.3f}")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recipe", nargs="?", default=str(REPO / "recipes" / "sglang-blackwell.toml"))
+    parser.add_argument("--pin-move", action="store_true", help="also the sglang 0.5.23 -> 0.5.22 move")
+    parser.add_argument("--skip-jobs", action="store_true", help="skip the 1 vs 2 jobs compiles")
+    args = parser.parse_args()
+    recipe = Path(args.recipe).resolve()
+    engine = DockerEngine()
+    made = []
+    with tempfile.TemporaryDirectory(prefix="imagebuild-bench-aot-") as tmp:
+        folder = Path(tmp)
+        pipeline.build(recipe, engine, run_smoke=False)  # the default kernel cache holds this lock's kernels
+        cold = cold_kernel_step(engine, recipe, folder)
+        made.append(cold["image"])
+        base_s = cold["seconds"]
+        print(f"recipe {recipe.name}")
+        print(f"  baseline, kernel step cold (layers below cached): {base_s:.1f} s; {cold['kernels']}")
+        library = moved(recipe, folder, "aot-library-move",
+                        lambda t: t.replace('requirements = [\n', 'requirements = [\n  "six==1.17.0",\n', 1))
+        library_s, report = timed_build(engine, library)
+        made.append(report.image)
+        print(f"  library-only move (+six): {library_s:.1f} s = {library_s / base_s:.2f}x of the baseline; "
+              f"{report.kernels}")
+        if args.pin_move:
+            def pin_move(text: str) -> str:
+                text = re.sub(r'"sglang==[^"]+"', '"sglang==0.5.22"', text)
+                text = re.sub(r'"flashinfer-python==[^"]+"', '"flashinfer-python==0.7.1"', text)
+                text = re.sub(r'"sgl-deep-gemm==[^"]+"', '"sgl-deep-gemm==0.2.2"', text)
+                return text.replace('exclude = ["', 'exclude = ["cuda-tile", "', 1)
+            move_s, report = timed_build(engine, moved(recipe, folder, "aot-pin-move", pin_move))
+            made.append(report.image)
+            print(f"  pin move sglang 0.5.22 / FlashInfer 0.7.1: {move_s:.1f} s = {move_s / base_s:.2f}x; "
+                  f"{report.kernels}")
+        built = by_name(manifest_of(cold["image"]))
+        print(f"  kernels: {len(built)} artifacts")
+        if not args.skip_jobs:
+            results = {}
+            for jobs in (1, 2):
+                seconds, stats, manifest = compile_in_container(cold["image"], cold["context"] / "aot", jobs)
+                results[jobs] = (seconds, stats, by_name(manifest))
+                print(f"  compile with {jobs} job(s): {stats['seconds']:.1f} s compiling ({seconds:.1f} s in all), "
+                      f"{stats['compiled']} compiled, peak compile RSS {stats['peak_compile_rss_mb']} MB")
+            print(f"  2 jobs / 1 job: {results[2][1]['seconds'] / results[1][1]['seconds']:.2f}x")
+            for jobs, (_, _, found) in results.items():
+                differ = sorted(f"{k[0]} {k[2]}" for k in built if found.get(k) != built[k])
+                print(f"  bytes, cold build vs {jobs} job(s): "
+                      + ("all identical" if not differ and set(found) == set(built) else f"DIFFER: {differ}"))
+        history = sh(DOCKER, "history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", cold["image"])
+        layer = next((line.split("\t")[0] for line in history.splitlines() if "kernels_aot.py build" in line), "?")
+        print(f"  kernel layer: {layer}")
+        started = time.monotonic()
+        out = sh(DOCKER, "run", "--rm", "--network", "none", "-e", "FLASHINFER_DISABLE_JIT=1",
+                 "-e", "SGLANG_CRASH_ON_JIT_COMPILE=1", "-e", "FLASHINFER_WORKSPACE_BASE=/tmp/fi",
+                 cold["image"], "python", "-c", LOAD)
+        load = json.loads(out.strip().splitlines()[-1])
+        print(f"  first use, prebuilt: {load['flashinfer']} FlashInfer loads, {load['sglang']} SGLang kernels in "
+              f"{load['seconds']:.1f} s after {load['imports']:.1f} s of imports (container "
+              f"{time.monotonic() - started:.1f} s), {load['misses']} misses; "
+              f"ratio load / cold compile {load['seconds'] / max(cold['kernels']['seconds'], 0.1):.3f}")
+    for image in made:
+        engine.remove(image)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     main()

@@ -38,7 +38,7 @@ def best_of(n: int, command: list[str]) -> float:
 
 
 def raw_compile_command(recipe_path: Path, workdir: Path) -> list[str]:
-    from imagebuild.bases import identify
+    from imagebuild.bootstrap import identify
     from imagebuild.lock import compile_command, uv_binary
     from imagebuild.recipe.model import load_recipe
     recipe = load_recipe(recipe_path)

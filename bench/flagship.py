@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from imagebuild import pipeline  # noqa: E402
-from imagebuild.bases import ensure_base_image  # noqa: E402
+from imagebuild.bootstrap import ensure_base_image  # noqa: E402
 from imagebuild.engine.docker import DockerEngine  # noqa: E402
 from imagebuild.lock import read_lock  # noqa: E402
 from imagebuild.recipe.model import load_recipe  # noqa: E402
