@@ -44,11 +44,12 @@ def sha256_file(path: str) -> str:
     return digest.hexdigest()
 
 
-def _output(command: list) -> str:
+def tool_output(command: list) -> str:
+    """What a tool prints (its `--version`), or "" when it cannot run."""
     try:
         return subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
     except (OSError, subprocess.SubprocessError):
-        return "unavailable"
+        return ""
 
 
 def _distributions() -> list:
@@ -78,8 +79,8 @@ def _toolchain_debs(status: str = "/var/lib/dpkg/status") -> list:
 def fingerprint(cuda_home: str) -> dict:
     """The build-wide half of every key: compilers, toolchain packages, header distributions, target archs."""
     return {"key_version": KEY_VERSION, "machine": platform.machine(),
-            "nvcc": _output([os.path.join(cuda_home, "bin", "nvcc"), "--version"]),
-            "cxx": _output(["c++", "--version"]), "debs": _toolchain_debs(), "distributions": _distributions(),
+            "nvcc": tool_output([os.path.join(cuda_home, "bin", "nvcc"), "--version"]),
+            "cxx": tool_output(["c++", "--version"]), "debs": _toolchain_debs(), "distributions": _distributions(),
             "arch_list": os.environ.get("FLASHINFER_CUDA_ARCH_LIST", ""),
             "pid_shim": sha256_file(PID_SHIM_SOURCE) if os.path.exists(PID_SHIM_SOURCE) else None}
 

@@ -248,13 +248,6 @@ def ensure_link_stub(cuda_home: str) -> str | None:
     return target
 
 
-def tool_version(command: list) -> str:
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
 def _versions() -> dict:
     from importlib import metadata
     found = {}
@@ -368,13 +361,14 @@ def build(spec: dict, manifest_path: str) -> tuple:
     os.environ["LD_PRELOAD"] = " ".join(filter(None, [shim, os.environ.get("LD_PRELOAD")]))
     cache = kernel_cache.KernelCache(os.environ.get("IMAGEBUILD_KERNEL_CACHE") or None)
     jobs = kernel_cache.jobs()
-    artifacts, compiled, seconds = build_flashinfer(spec, cache, jobs, kernel_cache.fingerprint(cuda_home))
+    build_wide = kernel_cache.fingerprint(cuda_home)
+    artifacts, compiled, seconds = build_flashinfer(spec, cache, jobs, build_wide)
     if spec["sglang"]:
         found, sglang_compiled, sglang_seconds = build_sglang(spec, cache, jobs)
         artifacts, compiled, seconds = artifacts + found, compiled + sglang_compiled, seconds + sglang_seconds
     manifest = {"manifest_version": MANIFEST_VERSION, "archs": spec["archs"], "shapes": spec["shapes"],
                 "deep_gemm": spec["deep_gemm"], "versions": _versions(),
-                "nvcc_version": tool_version([os.path.join(cuda_home, "bin", "nvcc"), "--version"]),
+                "nvcc_version": build_wide["nvcc"],
                 "link_stub": stub, "flashinfer_aot_dir": str(flashinfer_env.FLASHINFER_AOT_DIR),
                 "sglang_jit_cache_dir": sglang_cache_dir() if spec["sglang"] else None, "artifacts": artifacts}
     _write_json(manifest_path, manifest)
