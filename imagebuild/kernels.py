@@ -2,14 +2,28 @@
 how many it took from the kernel cache, and the seconds its compiles took. The step prints one line
 (kernels_aot.STATS_MARK and a JSON object); a step the engine took from its builder cache prints nothing,
 and then nothing compiled and every kernel of the image came with the cached layer.
+
+A fresh runner's engine starts with an empty kernel cache mount: `seed_engine` fills it, before the build,
+from a folder of cache entries (publish/kernel_layer.py reads them out of a registry build cache), by a
+small build of its own (kernel-seed.Dockerfile.j2) that mounts the same cache.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import shutil
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
+import jinja2
+
+from imagebuild.errors import ImagebuildError
+from imagebuild.payload.probe import kernel_cache
 from imagebuild.payload.probe.kernels_aot import STATS_MARK
+
+SEED_TEMPLATE = Path(__file__).resolve().parent / "kernel-seed.Dockerfile.j2"
 
 COUNTS = ("compiled", "reused", "jobs")
 
@@ -52,7 +66,60 @@ class KernelStepWatch:
 
 def summary(kernels: dict) -> str:
     if kernels["step"] == "cached":
-        return (f"kernels: the step was in the builder cache, nothing compiled "
+        text = (f"kernels: the step was in the builder cache, nothing compiled "
                 f"({kernels['reused'] if kernels['reused'] is not None else 'all'} kernels came with the layer)")
-    return (f"kernels: {kernels['compiled']} compiled, {kernels['reused']} reused from the kernel cache, "
-            f"{kernels['seconds']:.1f} s compiling ({kernels['jobs']} jobs)")
+    else:
+        text = (f"kernels: {kernels['compiled']} compiled, {kernels['reused']} reused from the kernel cache, "
+                f"{kernels['seconds']:.1f} s compiling ({kernels['jobs']} jobs)")
+    seeded = kernels.get("seeded")
+    if seeded and seeded.get("added"):
+        added = seeded["added"]
+        text += (f"; the kernel cache took {added['flashinfer']} FlashInfer and {added['sglang']} SGLang entries "
+                 f"({added['present']} already there) from {seeded['source']}'s kernel layer")
+    return text
+
+
+def parse_seeded(line: str) -> dict | None:
+    """The seed build's counts from one line of its output, or None."""
+    at = line.find(kernel_cache.SEED_MARK)
+    if at < 0:
+        return None
+    try:
+        value = json.loads(line[at + len(kernel_cache.SEED_MARK):])
+    except ValueError:
+        return None
+    keys = ("flashinfer", "sglang", "present", "refused")
+    if not isinstance(value, dict) or not all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool)
+                                              and value[k] >= 0 for k in keys):
+        return None
+    return {k: value[k] for k in keys}
+
+
+def seed_engine(engine, entries: Path, *, base_ref: str, python: str, platform: str | None = None,
+                cache_id: str = kernel_cache.MOUNT_ID, cache_dir: str = kernel_cache.MOUNT_DIR,
+                progress: Callable[[str], None] = lambda _: None) -> dict:
+    """Add the cache entries under `entries` to the engine's kernel cache mount; returns what was added
+    (flashinfer, sglang), already there (present) and refused. The build's image is removed."""
+    context = Path(tempfile.mkdtemp(prefix="imagebuild-kernel-seed-"))
+    try:
+        template = jinja2.Template(SEED_TEMPLATE.read_text(), undefined=jinja2.StrictUndefined, autoescape=False)
+        (context / "Dockerfile").write_text(template.render(base_ref=base_ref, python=python, cache_id=cache_id,
+                                                            cache_dir=cache_dir) + "\n")
+        shutil.copyfile(kernel_cache.__file__, context / "kernel_cache.py")
+        shutil.copytree(entries, context / "entries")
+        (context / "run").write_text(secrets.token_hex(16))  # runs every time: the mount may have lost entries
+        found: list = []
+
+        def watch(line: str) -> None:
+            counts = parse_seeded(line)
+            if counts is not None:
+                found.append(counts)
+            progress(line)
+
+        image = engine.build(context, progress=watch, platform=platform)
+        engine.remove(image)
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+    if not found:
+        raise ImagebuildError("the kernel seed build printed no counts: its output was not the seed script's")
+    return found[-1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -22,11 +23,12 @@ from imagebuild.common import cache_dir, host_arch
 from imagebuild.engine import BuildCache, Engine, ImageInfo
 from imagebuild.engine.contract import split_ref
 from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, LockError, RecipeError, SmokeFailed
-from imagebuild.kernels import KernelStepWatch
+from imagebuild.kernels import KernelStepWatch, seed_engine
 from imagebuild.kernels import summary as kernel_summary
 from imagebuild.lock import (Lock, PlatformLocks, default_lock_path, ensure_fresh, read_lock, read_locks, resolve_lock,
                              stale_reasons, uv_binary_for, write_locks)
 from imagebuild.publish.build_cache import push_build_cache
+from imagebuild.publish.kernel_layer import read_kernel_layer
 from imagebuild.publish.by_lock import RegistryTarget, push_by_lock, reuse_by_lock
 from imagebuild.recipe.model import DebianBase, Recipe, load_recipe
 
@@ -509,6 +511,11 @@ def build_locked(recipe: Recipe, current: Lock, path: Path, engine: Engine, *, f
     clock = time.monotonic()
     ensure_base_image(current.base, recipe.base, engine, progress)
     timings["base"] = time.monotonic() - clock
+    seeded = None
+    if recipe.aot and cache is not None and cache.sources:
+        clock = time.monotonic()
+        seeded = seed_kernels(current, cache, engine, platform, progress)
+        timings["kernel_seed"] = time.monotonic() - clock
 
     clock = time.monotonic()
     folder = cache_dir() / "contexts" / (context or recipe.stem)
@@ -524,6 +531,8 @@ def build_locked(recipe: Recipe, current: Lock, path: Path, engine: Engine, *, f
     built.record_image(current.sha256, image_id)
     timings["build"] = time.monotonic() - clock
     kernels = watch.report(lambda: _kernel_count(engine, image_id)) if recipe.aot else None
+    if kernels is not None and seeded is not None:
+        kernels["seeded"] = seeded
     if kernels:
         progress(kernel_summary(kernels))
     report = _smoke_and_tag(image_id, recipe, path, tag, findings, timings, engine, run_smoke=run_smoke,
@@ -532,6 +541,30 @@ def build_locked(recipe: Recipe, current: Lock, path: Path, engine: Engine, *, f
     report.kernels = kernels
     _cached(report, cache, engine, progress)
     return report
+
+
+def seed_kernels(current: Lock, cache: BuildCache, engine: Engine, platform: str | None,
+                 progress: Progress = quiet, mount: tuple[str, str] | None = None) -> dict:
+    """A fresh runner's kernel cache: the kernels in the [aot] layer of the first --cache-from image that has
+    one, put into the engine's kernel cache mount (`mount`: id and folder, the [aot] step's by default) before
+    the build. Says what it took, or why nothing."""
+    from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID
+    cache_id, cache_dir = mount or (KERNEL_CACHE_ID, KERNEL_CACHE_DIR)
+    tried = []
+    with tempfile.TemporaryDirectory(prefix="imagebuild-kernel-layer-") as folder:
+        for source in cache.sources:
+            entries = Path(folder) / str(len(tried))
+            layer = read_kernel_layer(source, entries, manifest_path=AOT_MANIFEST,
+                                      platform=platform or f"linux/{host_arch()}", ca_cert=cache.ca_cert,
+                                      insecure_http=cache.insecure_http, progress=progress)
+            if layer.why:
+                progress(f"kernel cache: nothing taken from {source}: {layer.why}")
+                tried.append(layer.to_dict())
+                continue
+            added = seed_engine(engine, entries, base_ref=current.base.image_ref, python=current.base.python_path,
+                                platform=platform, cache_id=cache_id, cache_dir=cache_dir, progress=progress)
+            return {**layer.to_dict(), "added": added, "tried": tried}
+    return {"source": None, "added": None, "tried": tried}
 
 
 def _kernel_count(engine: Engine, image_id: str) -> int | None:

@@ -19,7 +19,7 @@ from packaging.version import Version
 from imagebuild import __version__, payload
 from imagebuild.errors import RecipeError
 from imagebuild.lock import Lock, template_path
-from imagebuild.payload.probe import bundle, findings_kernels
+from imagebuild.payload.probe import bundle, findings_kernels, kernel_cache
 from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.model import Recipe
 
@@ -29,8 +29,8 @@ PATCHER_SOURCE = payload.PATCHER
 PRUNER_SOURCE = payload.PRUNER
 AOT_SOURCES = tuple(Path(bundle.SOURCE) / name  # the build step's script and what it runs with
                     for name in ("kernels_aot.py", "kernel_cache.py", "waste.py", "deterministic_pid.c"))
-KERNEL_CACHE_ID = "imagebuild-kernels"  # the BuildKit cache mount the [aot] step keeps compiled kernels in
-KERNEL_CACHE_DIR = "/var/cache/imagebuild/kernels"
+KERNEL_CACHE_ID = kernel_cache.MOUNT_ID  # the BuildKit cache mount the [aot] step keeps compiled kernels in
+KERNEL_CACHE_DIR = kernel_cache.MOUNT_DIR
 AOT_MANIFEST = findings_kernels.KERNEL_MANIFEST  # where the [aot] step writes its manifest
 SGLANG_JIT_CACHE = "/var/cache/sglang/jit"
 LABEL_PREFIX = "io.imagebuild"

@@ -8,7 +8,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild.kernels import KernelStepWatch, parse_stats, summary
+from imagebuild.kernels import KernelStepWatch, parse_seeded, parse_stats, summary
+from imagebuild.payload.probe.kernel_cache import SEED_MARK
 from imagebuild.payload.probe.kernels_aot import STATS_MARK
 
 STATS = {"compiled": 2, "reused": 5, "seconds": 41.5, "jobs": 2, "cache": "/var/cache/imagebuild/kernels",
@@ -61,3 +62,25 @@ def test_any_json_object_ends_in_stats_or_none(value):
     if result is not None:
         assert result["compiled"] >= 0 and result["seconds"] >= 0
         summary(result)
+
+
+SEEDED = {"flashinfer": 9, "sglang": 4, "present": 1, "refused": 0}
+
+
+def test_the_seed_builds_line_is_read_and_said_in_the_summary():
+    assert parse_seeded(f"#5 0.4 {SEED_MARK}{json.dumps(SEEDED)}") == SEEDED
+    for printed in ("#5 0.4 seeded 9", SEED_MARK + "{", SEED_MARK + json.dumps(dict(SEEDED, sglang=-1)),
+                    SEED_MARK + json.dumps(dict(SEEDED, present=False)), SEED_MARK + json.dumps({"flashinfer": 1})):
+        assert parse_seeded(printed) is None, printed
+    report = {"compiled": 0, "reused": 13, "seconds": 0.0, "jobs": 2, "step": "ran",
+              "seeded": {"source": "localhost:5000/team/x:buildcache", "added": SEEDED}}
+    assert summary(report).endswith("; the kernel cache took 9 FlashInfer and 4 SGLang entries (1 already there) "
+                                    "from localhost:5000/team/x:buildcache's kernel layer")
+    assert "took" not in summary(dict(report, seeded={"source": None, "added": None, "tried": []}))
+
+
+@given(st.text())
+def test_any_line_ends_in_seed_counts_or_none(text):
+    for printed in (text, SEED_MARK + text):
+        result = parse_seeded(printed)
+        assert result is None or set(result) == set(SEEDED)

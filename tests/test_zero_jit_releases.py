@@ -18,12 +18,15 @@ from pathlib import Path
 import pytest
 
 from imagebuild import pipeline
+from imagebuild.engine import BuildCache
 from imagebuild.image import export
 from imagebuild.kernels import KernelStepWatch
 from imagebuild.lock import read_lock, uv_binary
 from imagebuild.pipeline import ca_bundle
+from imagebuild.publish.build_cache import push_build_cache
 from imagebuild.recipe.model import load_recipe
 from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, render_context
+from tests import registry_server
 
 REPO = Path(__file__).resolve().parent.parent
 NEWEST = "0.7.4"
@@ -139,32 +142,76 @@ def test_a_library_only_pin_move_reruns_the_kernel_step_and_compiles_nothing(eng
         engine.remove(report.image)
 
 
-@pytest.fixture(scope="module")
-def cold(engine, newest, tmp_path_factory):
-    """The fixture's lock built again with its kernel cache mount renamed to one of this module's own (empty):
-    the kernel step reruns and compiles; every other step is the same. Yields (ref, the step's stats)."""
+def private_mount(name: str) -> tuple[str, str]:
+    """A kernel cache mount of this module's own (empty): its id, and its folder, which names it in the
+    engine's list of mounts."""
+    return f"imagebuild-test-kernels-{name}-{os.getpid()}", f"{KERNEL_CACHE_DIR}-test-{name}-{os.getpid()}"
+
+
+def build_on_mount(engine, newest, folder: Path, mount: tuple[str, str]) -> tuple[str, dict]:
+    """The fixture's lock built again with its kernel cache mount renamed to `mount`: the kernel step reruns
+    (its Dockerfile line is new); every other step is the same. Returns (image id, the step's stats)."""
     recipe_path, first = newest
-    tmp = tmp_path_factory.mktemp("cold")
     recipe, lock = load_recipe(recipe_path), read_lock(Path(first.lock_path))
-    context = render_context(lock, recipe, tmp / "context", uv_path=uv_binary(),
+    context = render_context(lock, recipe, folder / "context", uv_path=uv_binary(),
                              lock_text=Path(first.lock_path).read_text())
-    # A mount of this module's own: its id, and its folder, which names it in the engine's list of mounts.
-    private = f"{KERNEL_CACHE_DIR}-test-{os.getpid()}"
     dockerfile = context / "Dockerfile"
     text = dockerfile.read_text()
     assert text.count(f"id={KERNEL_CACHE_ID},") == 1 and text.count(KERNEL_CACHE_DIR) == 2
-    dockerfile.write_text(text.replace(f"id={KERNEL_CACHE_ID},", f"id=imagebuild-test-kernels-{os.getpid()},")
-                          .replace(KERNEL_CACHE_DIR, private))
+    dockerfile.write_text(text.replace(f"id={KERNEL_CACHE_ID},", f"id={mount[0]},").replace(KERNEL_CACHE_DIR, mount[1]))
     watch = KernelStepWatch(lambda _: None)
     bundle = ca_bundle()
     image_id = engine.build(context, secrets={"ca": bundle} if bundle else {}, progress=watch)
+    return image_id, watch.report(lambda: None)
+
+
+def remove_mount(engine, mount: tuple[str, str]) -> None:
+    for found in engine.cache_mounts():
+        if f"cached mount {mount[1]} " in found["description"]:
+            engine.remove_cache_mount(found["id"])
+
+
+@pytest.fixture(scope="module")
+def cold(engine, newest, tmp_path_factory):
+    """The fixture's lock built again on an empty kernel cache of its own: the step compiles. Yields (ref, stats)."""
+    mount = private_mount("cold")
+    image_id, stats = build_on_mount(engine, newest, tmp_path_factory.mktemp("cold"), mount)
     ref = f"imagebuild-test/flashinfer-aot-cold:{os.getpid()}"
     engine.tag(image_id, ref)
-    yield ref, watch.report(lambda: None)
+    yield ref, stats
     engine.remove(ref)
-    for mount in engine.cache_mounts():
-        if f"cached mount {private} " in mount["description"]:
-            engine.remove_cache_mount(mount["id"])
+    remove_mount(engine, mount)
+
+
+def test_an_empty_kernel_cache_takes_the_kernels_of_the_registry_build_cache(engine, newest, tmp_path):
+    """A fresh runner: --cache-to left the smoke-tested image in a registry; the next build's kernel cache is
+    empty (a mount of its own), and is seeded from that image's [aot] layer before the step runs, which then
+    compiles nothing. The negative control is `cold` below: the same build on an empty mount compiles one."""
+    _, first = newest
+    (before,) = manifest_of(engine, first.image)["artifacts"]
+    server = registry_server.start_registry(tmp_path / "registry")
+    mount = private_mount("seeded")
+    image_id = None
+    try:
+        target = f"{server.host}/team/flashinfer-aot:buildcache"
+        push_build_cache(engine, first.image_id, BuildCache(target=target, insecure_http=True))
+        missing = f"{server.host}/team/flashinfer-aot:buildcache-none"  # a first run's reference: skipped
+        seeded = pipeline.seed_kernels(read_lock(Path(first.lock_path)),
+                                       BuildCache(sources=(missing, target), insecure_http=True), engine, None,
+                                       mount=mount)
+        assert seeded["source"] == target and seeded["flashinfer"] == 1 and not seeded["refused"], seeded
+        assert seeded["added"] == {"flashinfer": 1, "sglang": 0, "present": 0, "refused": 0}, seeded
+        assert [t["source"] for t in seeded["tried"]] == [missing] and "no image" in seeded["tried"][0]["why"]
+        assert 0 < seeded["bytes"] < 64 << 20  # one layer read, not the image
+        image_id, stats = build_on_mount(engine, newest, tmp_path, mount)
+        assert stats["step"] == "ran" and stats["compiled"] == 0 and stats["reused"] == 1, stats
+        (artifact,) = manifest_of(engine, image_id)["artifacts"]
+        assert (artifact["key"], artifact["sha256"]) == (before["key"], before["sha256"])
+    finally:
+        server.stop()
+        if image_id:
+            engine.remove(image_id)
+        remove_mount(engine, mount)
 
 
 def test_on_an_empty_kernel_cache_the_step_compiles_the_same_module(engine, newest, cold):

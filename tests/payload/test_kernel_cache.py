@@ -186,3 +186,53 @@ def test_with_the_shim_two_different_compiles_get_different_temporary_names(real
         at = data.index(b"tmpxft_")
         names.append(data[at:at + 16])
     assert names[0] != names[1]
+
+
+# ---------------------------------------------------------------- seeding from a folder in the cache's layout
+
+def seed_folder(tmp_path: Path) -> Path:
+    """Entries as publish/kernel_layer.py lays them out: two FlashInfer modules (one whose bytes are not the ones
+    its entry.json states) and one SGLang leaf."""
+    source = tmp_path / "seed"
+    for key, name, data, stated in (("a" * 64, "batch_prefill_x", b"\x7fELF one", b"\x7fELF one"),
+                                    ("b" * 64, "cascade", b"\x7fELF two", b"\x7fELF other")):
+        entry = source / "flashinfer" / key
+        entry.mkdir(parents=True)
+        (entry / f"{name}.so").write_bytes(data)
+        (entry / "entry.json").write_text(
+            f'{{"name": "{name}", "sha256": "{hashlib.sha256(stated).hexdigest()}", "bytes": {len(stated)}}}')
+    leaf = source / "sglang" / "sm120" / "rope" / "deps-123"
+    leaf.mkdir(parents=True)
+    (leaf / "rope.so").write_bytes(b"\x7fELF rope")
+    (leaf / "meta.json").write_text("{}")
+    (source / "sglang" / "sm120" / "rope" / ".staging-9").mkdir()  # half-written: not a leaf
+    return source
+
+
+def test_seed_adds_what_the_cache_lacks_and_refuses_a_module_that_is_not_its_stated_bytes(tmp_path):
+    cache = KernelCache(str(tmp_path / "cache"))
+    counts = cache.seed(str(seed_folder(tmp_path)))
+    assert counts == {"flashinfer": 1, "sglang": 1, "present": 0, "refused": 1}
+    assert cache.find("a" * 64, "batch_prefill_x") and not cache.find("b" * 64, "cascade")
+    leaf = tmp_path / "cache" / "sglang" / "sm120" / "rope" / "deps-123"
+    assert sorted(p.name for p in leaf.iterdir()) == ["meta.json", "rope.so"]
+    assert not list((tmp_path / "cache").rglob(".staging-*"))
+
+
+def test_seed_never_overwrites_an_entry_the_cache_holds(tmp_path):
+    cache = KernelCache(str(tmp_path / "cache"))
+    built = tmp_path / "built.so"
+    built.write_bytes(b"\x7fELF built here")
+    cache.store("a" * 64, "batch_prefill_x", str(built))
+    counts = cache.seed(str(seed_folder(tmp_path)))
+    assert counts["present"] == 1 and counts["flashinfer"] == 0
+    assert Path(cache.find("a" * 64, "batch_prefill_x")).read_bytes() == b"\x7fELF built here"
+    assert cache.seed(str(seed_folder(tmp_path / "again")))["present"] == 2  # the SGLang leaf too, now
+
+
+def test_seed_on_the_command_line_prints_its_counts_on_one_marked_line(tmp_path):
+    source = seed_folder(tmp_path)
+    out = subprocess.run(["python3", "-B", kernel_cache.__file__, "seed", str(source), str(tmp_path / "cache")],
+                         capture_output=True, text=True, check=True).stdout
+    (line,) = [one for one in out.splitlines() if one.startswith(kernel_cache.SEED_MARK)]
+    assert '"flashinfer": 1' in line and '"refused": 1' in line

@@ -11,10 +11,12 @@ it is, under sglang/.
     ROOT/flashinfer/<key>/<module>.so     one module; entry.json says what it was built from
     ROOT/sglang/                          SGLang's own cache root (SGLANG_JIT_CACHE_DIR)
 
-ROOT is the [aot] step's BuildKit cache mount: it outlives the layers, so a build whose kernel inputs
+ROOT is the [aot] step's BuildKit cache mount (MOUNT_ID at MOUNT_DIR): it outlives the layers, so a build whose kernel inputs
 did not change compiles nothing even when a layer below rebuilt. Entries are written to a temporary
 folder and renamed; a hit refreshes its mtime, and `trim` drops the least recently used entries past
-the bound (IMAGEBUILD_KERNEL_CACHE_BYTES, 8 GiB by default). Standard library only.
+the bound (IMAGEBUILD_KERNEL_CACHE_BYTES, 8 GiB by default). A fresh runner's engine has an empty mount:
+`python kernel_cache.py seed FOLDER ROOT` adds the entries of a folder in the same layout (the kernel layer of
+a registry build cache, imagebuild/kernel_seed.py) that ROOT lacks. Standard library only.
 """
 
 from __future__ import annotations
@@ -25,14 +27,18 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 
 KEY_VERSION = 1
+MOUNT_ID = "imagebuild-kernels"  # the BuildKit cache mount the [aot] step keeps compiled kernels in
+MOUNT_DIR = "/var/cache/imagebuild/kernels"
 DEFAULT_BOUND = 8 << 30
 # Distributions whose files a FlashInfer module compiles against, by name prefix.
 HEADER_DISTRIBUTIONS = ("flashinfer", "nvidia-", "apache-tvm-ffi", "torch")
 # Debian packages of the host toolchain: system headers and the compiler nvcc hands host code to.
 TOOLCHAIN_DEBS = ("gcc", "g++", "cpp", "libstdc++", "libgcc", "libc6-dev", "linux-libc-dev", "binutils")
+SEED_MARK = "imagebuild-kernel-seed: "  # the seed build's output line: what it added
 PID_SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deterministic_pid.c")
 
 
@@ -172,6 +178,68 @@ class KernelCache:
         return {"bytes": total, "removed": removed, "bound": bound}
 
 
+    def seed(self, source: str) -> dict:
+        """Add the entries of `source` (this cache's layout) that the cache lacks, each by a rename: a FlashInfer
+        entry whose module matches its entry.json's sha256, and every SGLang leaf (SGLang checks its own).
+        Nothing present is overwritten. Returns how many were added, already here, and refused."""
+        counts = {"flashinfer": 0, "sglang": 0, "present": 0, "refused": 0}
+        if not self.root:
+            return counts
+        for entry in _entries(os.path.join(source, "flashinfer"), 1):
+            key = os.path.basename(entry)
+            if not _is_key(key) or not _entry_matches(entry):
+                counts["refused"] += 1
+            elif os.path.isdir(self._entry(key)):
+                counts["present"] += 1
+            else:
+                counts["flashinfer"] += _copy_in(entry, self._entry(key))
+        shared = os.path.join(source, "sglang")
+        for leaf in sorted(_sglang_leaves(shared)):
+            target = os.path.join(self.sglang_root(), os.path.relpath(leaf, shared))
+            if os.path.isdir(target):
+                counts["present"] += 1
+            else:
+                counts["sglang"] += _copy_in(leaf, target)
+        return counts
+
+
+def _is_key(name: str) -> bool:
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+
+
+def _entry_matches(entry: str) -> bool:
+    """entry.json names one module beside it whose sha256 it states."""
+    try:
+        with open(os.path.join(entry, "entry.json"), encoding="utf-8") as handle:
+            record = json.load(handle)
+        module = os.path.join(entry, f"{record['name']}.so")
+        return os.path.basename(module) == f"{record['name']}.so" and sha256_file(module) == record["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _sglang_leaves(folder: str) -> set:
+    """SGLang's published cache leaves under folder: `deps-*` folders holding a built module."""
+    found = set()
+    for root, _, files in os.walk(folder):
+        if os.path.basename(root).startswith("deps-") and any(name.endswith(".so") for name in files):
+            found.add(root)
+    return found
+
+
+def _copy_in(source: str, target: str) -> int:
+    """Copy a folder to target through a staging folder beside it and a rename; 1 when it was added."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".staging-", dir=os.path.dirname(target))
+    try:
+        shutil.copytree(source, staging, dirs_exist_ok=True)
+        os.rename(staging, target)
+        return 1
+    except OSError:  # another build added it meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
+        return 0
+
+
 def _entries(folder: str, depth: int) -> list:
     """Folders `depth` levels below folder (SGLang's: <target>/<module>)."""
     level = [folder]
@@ -224,3 +292,15 @@ def _mem_available() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def main(argv: list) -> int:
+    if len(argv) == 3 and argv[0] == "seed":
+        print(SEED_MARK + json.dumps(KernelCache(argv[2]).seed(argv[1]), sort_keys=True))
+        return 0
+    print("usage: kernel_cache.py seed FOLDER ROOT", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
