@@ -4,9 +4,10 @@ The step asks FlashInfer 0.7.4 (the newest on the index; the flagship's SGLang p
 modules, compiles them, and the smoke proof loads them from FlashInfer's AOT folder with JIT disabled and
 nvcc hidden, while an undeclared shape misses. The previous release (0.7.1, with SGLang 0.5.22) is built by
 test_gallery's pin move, the pinned one by test_flagship. On the same image: a library-only pin move reruns
-the kernel step and compiles nothing (the kernel cache), and the step run again on an empty kernel cache of
-its own compiles the module again to the same bytes, so the image's OCI manifest digest is the same.
-Slow: a real build with torch and one prefill module compiled for sm_120f (about 3 min on 2 cores).
+the kernel step and compiles nothing (the kernel cache); an empty kernel cache of its own is seeded from the
+image in a registry (a fresh runner's --cache-from) and compiles nothing; and the step run again on an empty
+kernel cache compiles the module again to the same bytes, so the image's layers are the same.
+Slow: a real build with torch and one prefill module compiled for sm_120f (about 2 min on 2 cores), twice.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import pytest
 from imagebuild import pipeline
 from imagebuild.engine import BuildCache
 from imagebuild.image import export
+from imagebuild.image.oci import blob_path
 from imagebuild.kernels import KernelStepWatch
 from imagebuild.lock import read_lock, uv_binary
 from imagebuild.pipeline import ca_bundle
-from imagebuild.publish.build_cache import push_build_cache
+from imagebuild.publish.registry import push
 from imagebuild.recipe.model import load_recipe
 from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, render_context
 from tests import registry_server
@@ -183,10 +185,18 @@ def cold(engine, newest, tmp_path_factory):
     remove_mount(engine, mount)
 
 
-def test_an_empty_kernel_cache_takes_the_kernels_of_the_registry_build_cache(engine, newest, tmp_path):
-    """A fresh runner: --cache-to left the smoke-tested image in a registry; the next build's kernel cache is
-    empty (a mount of its own), and is seeded from that image's [aot] layer before the step runs, which then
-    compiles nothing. The negative control is `cold` below: the same build on an empty mount compiles one."""
+@pytest.fixture(scope="module")
+def newest_layout(engine, newest, tmp_path_factory):
+    """The fixture's image as an OCI layout (imagebuild's own export, its compressed layers kept in the cache)."""
+    return export.export_layout(engine, newest[1].image, tmp_path_factory.mktemp("layout") / "newest")
+
+
+def test_an_empty_kernel_cache_takes_the_kernels_of_the_registry_build_cache(engine, newest, newest_layout, tmp_path):
+    """A fresh runner: the previous run left its smoke-tested image in a registry (--cache-to pushes it, with
+    BuildKit's cache metadata beside what is read here: the history and the layers); the next build's kernel
+    cache is empty (a mount of its own), and is seeded from that image's [aot] layer before the step runs,
+    which then compiles nothing. The negative control is `cold` below: the same build on an empty mount
+    compiles one."""
     _, first = newest
     (before,) = manifest_of(engine, first.image)["artifacts"]
     server = registry_server.start_registry(tmp_path / "registry")
@@ -194,7 +204,7 @@ def test_an_empty_kernel_cache_takes_the_kernels_of_the_registry_build_cache(eng
     image_id = None
     try:
         target = f"{server.host}/team/flashinfer-aot:buildcache"
-        push_build_cache(engine, first.image_id, BuildCache(target=target, insecure_http=True))
+        push(newest_layout.path, target, insecure_http=True, remember=False)
         missing = f"{server.host}/team/flashinfer-aot:buildcache-none"  # a first run's reference: skipped
         seeded = pipeline.seed_kernels(read_lock(Path(first.lock_path)),
                                        BuildCache(sources=(missing, target), insecure_http=True), engine, None,
@@ -234,17 +244,25 @@ def differing_sections(engine, image_a: str, image_b: str, path: str) -> list[st
     return sorted(name for name in a.keys() | b.keys() if a.get(name) != b.get(name))
 
 
-@pytest.mark.xfail(strict=True, reason="FlashInfer's modules are not yet byte-identical between two cold compiles "
-                   "(the process id is fixed; the device code still differs, docs/reproducibility.md): "
-                   "when this passes, drop the marker")
-def test_two_cold_compiles_give_the_same_bytes_and_image_digest(engine, newest, cold, tmp_path):
+def test_two_cold_compiles_give_the_same_bytes_and_image_digest(engine, newest, newest_layout, cold, tmp_path):
+    """The fixture's module (compiled by its build, or by an earlier run's: the kernel cache) and the one compiled
+    again on an empty cache, in another build step: the same bytes, so the same layers, and the same image but
+    for the one history line that names this test's own cache mount. The negative controls are
+    tests/payload/test_kernel_cache.py's (the process id, the source's modification time)."""
     ref, stats = cold
+    assert stats["compiled"] == 1
     (artifact,) = manifest_of(engine, ref)["artifacts"]
     (before,) = manifest_of(engine, newest[1].image)["artifacts"]
     if artifact["sha256"] != before["sha256"]:
         sections = differing_sections(engine, newest[1].image, ref, artifact["path"])
         pytest.fail(f"{artifact['name']}: two cold compiles differ in {', '.join(sections)}")
-    cache = export.LayerCache(tmp_path / "oci-cache")
-    a = export.export_layout(engine, newest[1].image, tmp_path / "layout-a", cache=cache)
-    b = export.export_layout(engine, ref, tmp_path / "layout-b", cache=cache)
-    assert a.diff_ids == b.diff_ids and a.manifest_digest == b.manifest_digest
+    a, b = newest_layout, export.export_layout(engine, ref, tmp_path / "layout-cold")
+    assert a.diff_ids == b.diff_ids and len(a.diff_ids) > 5
+    mount_id, mount_dir = private_mount("cold")
+    configs = [json.loads(blob_path(layout.path, layout.config_digest).read_text()) for layout in (a, b)]
+    history = [[step.get("created_by", "") for step in config["history"]] for config in configs]
+    moved = [i for i, (x, y) in enumerate(zip(*history)) if x != y]
+    assert len(moved) == 1 and "kernels_aot.py build" in history[0][moved[0]], moved
+    assert history[1][moved[0]].replace(mount_id, KERNEL_CACHE_ID).replace(mount_dir, KERNEL_CACHE_DIR) == history[0][moved[0]]
+    configs[1]["history"][moved[0]] = configs[0]["history"][moved[0]]
+    assert configs[0] == configs[1]  # so with the default mount's line, the same config, hence the same manifest

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -137,13 +138,20 @@ def test_the_fingerprint_reads_the_compilers_and_distributions(tmp_path, real_nv
     assert found["key_version"] == kernel_cache.KEY_VERSION
 
 
-def compile_twice(real_nvcc, tmp_path: Path, preload: str | None) -> list[bytes]:
-    (tmp_path / "k.cu").write_text(SOURCE)
+def compile_twice(real_nvcc, tmp_path: Path, preload: str | None, mtimes: tuple = (), source: str = SOURCE,
+                  **extra_env) -> list[bytes]:
+    """Two compiles of one source in two processes; with `mtimes`, the source is written again before each
+    with that modification time (as a build that generates its sources does)."""
+    (tmp_path / "k.cu").write_text(source)
     objects = []
     for run in range(2):
         env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
+        env.update(extra_env)
         if preload:
             env["LD_PRELOAD"] = preload
+        if mtimes:
+            (tmp_path / "k.cu").write_text(source)
+            os.utime(tmp_path / "k.cu", (mtimes[run], mtimes[run]))
         done = subprocess.run([str(real_nvcc.nvcc), "-c", "-Xcompiler", "-fPIC", "-gencode=arch=compute_120f,code=sm_120f",
                                "k.cu", "-o", "k.o"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -169,6 +177,35 @@ def test_with_the_shim_two_compiles_are_byte_identical(real_nvcc, tmp_path):
                           env=dict(os.environ, LD_PRELOAD=shim), capture_output=True, text=True, check=True)
     answered, real = done.stdout.split()
     assert answered == real
+
+
+# A translation unit whose first external definition is a template instantiation, as FlashInfer's generated
+# units are: cudafe++ then makes its module id from the source's modification time and the process id
+# (`_INTERNAL_<path hash>_<n>_k_cu_<mtime hash>_<pid>`), not from a symbol name.
+INSTANTIATIONS = """#include <cuda/std/iterator>
+template <int N> __global__ void ops(float* x) { x[threadIdx.x] += N; }
+template <int N> int launch(float* x) { ops<N><<<1, 32>>>(x); return 0; }
+template int launch<3>(float*);
+"""
+
+
+def module_ids(data: bytes) -> set:
+    return set(re.findall(rb"_INTERNAL_[0-9a-f]{8}_\d+_k_cu_[0-9a-f]{8}_\d+", data))
+
+
+@pytest.mark.needs_tool("c++")
+def test_with_the_shim_a_source_written_again_compiles_to_the_same_bytes(real_nvcc, tmp_path):
+    """cudafe++ folds the source's modification time into the module id; the shim answers one fixed time."""
+    shim = kernel_cache.build_pid_shim(str(tmp_path / "shim"))
+    first, second = compile_twice(real_nvcc, tmp_path, shim, mtimes=(1_000_000_000, 1_700_000_000),
+                                  source=INSTANTIATIONS)
+    assert first == second and len(module_ids(first)) == 1
+    # The negative control: the same shim with its mtime half off, and only the module id differs.
+    first, second = compile_twice(real_nvcc, tmp_path, shim, mtimes=(1_000_000_000, 1_700_000_000),
+                                  source=INSTANTIATIONS, IMAGEBUILD_SHIM_REAL_MTIME="1")
+    assert first != second and module_ids(first) and module_ids(first) != module_ids(second)
+    (one,), (other,) = module_ids(first), module_ids(second)
+    assert first.replace(one, b"") == second.replace(other, b"")  # nothing else differs
 
 
 @pytest.mark.needs_tool("c++")
