@@ -263,6 +263,16 @@ def test_missing_expect_file_exits_2(tmp_path):
     assert status == 2 and "cannot read" in report["checks"][0]["detail"]
 
 
+def test_only_runs_the_named_checks_and_the_report_says_so():
+    status, report = run_cli(sys.executable, "--only", "interpreter", "--only", "gpu")
+    assert [c["name"] for c in report["checks"]] == ["interpreter", "gpu"] and report["only"] == ["gpu", "interpreter"]
+    status, report = run_cli(sys.executable)
+    assert "only" not in report and len(report["checks"]) == 11
+    done = subprocess.run([sys.executable, str(PROBE), "--only", "nope"], capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and "invalid choice: 'nope'" in done.stderr
+
+
 def test_probe_runs_under_python_3_9():
     candidates = glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3")) + [shutil.which("python3.9")]
     python39 = next((c for c in candidates if c and subprocess.run([c, "-c", ""]).returncode == 0), None)

@@ -1,6 +1,6 @@
 """The probe's command line: run every check against an expect file, or (--doctor) diagnose.
 
-    probe [--expect PATH] [--workdir DIR] [--skip-compile]
+    probe [--expect PATH] [--workdir DIR] [--skip-compile] [--only CHECK ...]
     probe --doctor [--driver-file PATH]
     probe --waste ARCH [--site DIR]      (prune candidates for GPU arch ARCH, e.g. 120)
 
@@ -27,8 +27,14 @@ from .zero_jit import check_aot
 from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter, check_packages
 
 
-def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = False, jobs: int | None = None) -> dict:
-    """Run every check; a check that crashes becomes a failed check, never a lost report.
+CHECKS = ("interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm120", "imports", "torch-cuda",
+          "flashinfer-dynamo", "gpu", "gpu-compute", "zero-jit")
+
+
+def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = False, jobs: int | None = None,
+              only: tuple = ()) -> dict:
+    """Run every check (those named in `only`, when given); a check that crashes becomes a failed check,
+    never a lost report.
 
     The checks are independent (each runs its own processes), so they run at once, and the import
     checks `jobs` modules at a time (default: the CPUs here); jobs=1 runs everything in turn."""
@@ -46,6 +52,7 @@ def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = Fal
         ("gpu", check_gpu),
         ("gpu-compute", lambda: check_gpu_compute(expect, gpu_visible())),
     )
+    checks = tuple(check for check in checks if not only or check[0] in only)
 
     def guarded(check) -> dict:
         name, run = check
@@ -64,9 +71,12 @@ def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = Fal
                     future.result()
             return guarded(("zero-jit", lambda: check_aot(expect)))
 
-        last = pool.submit(zero_jit)
-        results = [future.result() for future in futures] + [last.result()]  # the report keeps the checks' order
-    return dict(make_report(results), jobs=jobs)
+        last = [pool.submit(zero_jit)] if not only or "zero-jit" in only else []
+        results = [future.result() for future in futures] + [one.result() for one in last]  # in the checks' order
+    report = dict(make_report(results), jobs=jobs)
+    if only:
+        report["only"] = sorted(only)  # a report of some checks, never to be read as the whole smoke test
+    return report
 
 
 def main(argv: list | None = None) -> int:
@@ -75,6 +85,8 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--expect", help="expect.json written by the renderer")
     parser.add_argument("--workdir", help="scratch folder for kernel compiles (default: a temporary folder)")
     parser.add_argument("--skip-compile", action="store_true", help="skip the deep_gemm SM120 compile")
+    parser.add_argument("--only", action="append", choices=CHECKS, metavar="CHECK",
+                        help="run this check only (repeatable): one of " + ", ".join(CHECKS))
     parser.add_argument("--jobs", type=int, help="processes at once (default: the CPUs here; 1: one check at a time)")
     parser.add_argument("--doctor", action="store_true", help="diagnose driver, CUDA toolkits, interpreter and "
                         "the ML stack as they are, without an expect file")
@@ -102,6 +114,7 @@ def main(argv: list | None = None) -> int:
             report = make_report([make_check("expect", FAIL, error, path=args.expect)])
             print(json.dumps(report, indent=2, sort_keys=True))
             return 2
-    report = run_probe(expect, args.workdir, args.skip_compile, args.jobs if args.jobs and args.jobs > 0 else None)
+    report = run_probe(expect, args.workdir, args.skip_compile, args.jobs if args.jobs and args.jobs > 0 else None,
+                       tuple(args.only or ()))
     print(json.dumps(report, indent=2, sort_keys=True))
     return 0 if report["ok"] else 1
