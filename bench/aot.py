@@ -12,9 +12,14 @@ the kernel cache existed). Against it, as ratios:
 - jobs: the step's compile run again in a container of the built image on empty caches, with 1 job and
   with 2 (IMAGEBUILD_AOT_JOBS), and every artifact's sha256 compared across the three compiles (the cold
   build's, 1 job's, 2 jobs') — the kernels' byte-identity;
-- first use: a fresh container loads every declared module with JIT disabled (prebuilt load vs compile).
+- first use: a fresh container loads every declared module with JIT disabled (prebuilt load vs compile);
+- a fresh runner's kernel cache (--fresh-runner): the built image pushed as a build cache to a loopback
+  docker-registry (what --cache-to does), then the library-only move built on an empty kernel cache mount of
+  this run's own, seeded first from that registry image's kernel layer (what --cache-from does): how long
+  the push, the seed and the build took, and how many kernels compiled (the claim: none). The layers below
+  come from this engine's builder cache; pulling them from a registry is tests/publish/test_build_cache.py's.
 
-Usage: .venv/bin/python bench/aot.py [RECIPE] [--pin-move] [--skip-jobs]
+Usage: .venv/bin/python bench/aot.py [RECIPE] [--pin-move] [--skip-jobs] [--fresh-runner]
 """
 
 from __future__ import annotations
@@ -74,24 +79,66 @@ def by_name(manifest: dict) -> dict:
     return {(a["kind"], a.get("target", ""), a["name"]): a["sha256"] for a in manifest["artifacts"]}
 
 
-def cold_kernel_step(engine, recipe_path: Path, folder: Path) -> dict:
-    """The recipe's context, its kernel cache mount renamed to an empty one of this run's: the step compiles all."""
+def private_mount(name: str) -> tuple[str, str]:
+    return f"imagebuild-bench-{name}-{os.getpid()}", f"{KERNEL_CACHE_DIR}-bench-{name}-{os.getpid()}"
+
+
+def remove_mount(engine, mount: tuple[str, str]) -> None:
+    for found in engine.cache_mounts():
+        if f"cached mount {mount[1]} " in found["description"]:
+            engine.remove_cache_mount(found["id"])
+
+
+def build_on_mount(engine, recipe_path: Path, folder: Path, mount: tuple[str, str]) -> dict:
+    """The recipe's context (its lock as it is), its kernel cache mount renamed to `mount`."""
     recipe, lock_path = load_recipe(recipe_path), default_lock_path(load_recipe(recipe_path))
     context = render_context(read_lock(lock_path), recipe, folder / "context", uv_path=uv_binary(),
                              lock_text=lock_path.read_text())
-    private = f"{KERNEL_CACHE_DIR}-bench-{os.getpid()}"
     dockerfile = context / "Dockerfile"
-    dockerfile.write_text(dockerfile.read_text().replace(f"id={KERNEL_CACHE_ID},", f"id=imagebuild-bench-{os.getpid()},")
-                          .replace(KERNEL_CACHE_DIR, private))
+    dockerfile.write_text(dockerfile.read_text().replace(f"id={KERNEL_CACHE_ID},", f"id={mount[0]},")
+                          .replace(KERNEL_CACHE_DIR, mount[1]))
     watch = KernelStepWatch(lambda _: None)
     bundle = ca_bundle()
     started = time.monotonic()
     image_id = engine.build(context, secrets={"ca": bundle} if bundle else {}, progress=watch)
     seconds = time.monotonic() - started
-    for mount in engine.cache_mounts():
-        if f"cached mount {private} " in mount["description"]:
-            engine.remove_cache_mount(mount["id"])
     return {"image": image_id, "seconds": seconds, "kernels": watch.report(lambda: None), "context": context}
+
+
+def cold_kernel_step(engine, recipe_path: Path, folder: Path) -> dict:
+    """The recipe's context on an empty kernel cache mount of this run's: the step compiles all."""
+    mount = private_mount("cold")
+    try:
+        return build_on_mount(engine, recipe_path, folder, mount)
+    finally:
+        remove_mount(engine, mount)
+
+
+def fresh_runner(engine, image: str, library: Path, folder: Path, base_s: float) -> str:
+    """Push `image` as a build cache, seed an empty kernel mount from it, build the library-only move on it."""
+    from imagebuild.engine import BuildCache
+    from imagebuild.publish.build_cache import push_build_cache
+    from tests import registry_server
+    server = registry_server.start_registry(folder / "registry")
+    mount = private_mount("fresh")
+    try:
+        target = f"{server.host}/bench/aot:buildcache"
+        started = time.monotonic()
+        push_build_cache(engine, image, BuildCache(target=target, insecure_http=True))
+        push_s = time.monotonic() - started
+        started = time.monotonic()
+        seeded = pipeline.seed_kernels(read_lock(default_lock_path(load_recipe(library))),
+                                       BuildCache(sources=(target,), insecure_http=True), engine, None, mount=mount)
+        seed_s = time.monotonic() - started
+        built = build_on_mount(engine, library, folder / "fresh", mount)
+        engine.remove(built["image"])
+        return (f"push as build cache {push_s:.1f} s; seed {seed_s:.1f} s ({seeded['bytes'] / 1e6:.1f} MB layer, "
+                f"added {seeded['added']}); build on the seeded mount {built['seconds']:.1f} s = "
+                f"{built['seconds'] / base_s:.2f}x of the baseline, seed + build "
+                f"{(seed_s + built['seconds']) / base_s:.2f}x; {built['kernels']}")
+    finally:
+        server.stop()
+        remove_mount(engine, mount)
 
 
 def moved(recipe_path: Path, folder: Path, name: str, edit) -> Path:
@@ -125,6 +172,8 @@ def main() -> None:
     parser.add_argument("recipe", nargs="?", default=str(REPO / "recipes" / "sglang-blackwell.toml"))
     parser.add_argument("--pin-move", action="store_true", help="also the sglang 0.5.23 -> 0.5.22 move")
     parser.add_argument("--skip-jobs", action="store_true", help="skip the 1 vs 2 jobs compiles")
+    parser.add_argument("--fresh-runner", action="store_true", help="also a fresh runner's kernel cache, seeded "
+                                                                     "from a loopback registry's build cache")
     args = parser.parse_args()
     recipe = Path(args.recipe).resolve()
     engine = DockerEngine()
@@ -143,6 +192,8 @@ def main() -> None:
         made.append(report.image)
         print(f"  library-only move (+six): {library_s:.1f} s = {library_s / base_s:.2f}x of the baseline; "
               f"{report.kernels}")
+        if args.fresh_runner:
+            print(f"  fresh runner, library-only move: {fresh_runner(engine, cold['image'], library, folder, base_s)}")
         if args.pin_move:
             def pin_move(text: str) -> str:
                 text = re.sub(r'"sglang==[^"]+"', '"sglang==0.5.22"', text)
