@@ -19,7 +19,10 @@ the kernel cache existed). Against it, as ratios:
   the push, the seed and the build took, and how many kernels compiled (the claim: none). The layers below
   come from this engine's builder cache; pulling them from a registry is tests/publish/test_build_cache.py's.
 
-Usage: .venv/bin/python bench/aot.py [RECIPE] [--pin-move] [--skip-jobs] [--fresh-runner]
+- identity: the cold step's image and the image built with the engine's kernel cache exported as OCI layouts,
+  their layers (diff_ids) compared: the same bytes from two compiles give the same layers.
+
+Usage: .venv/bin/python bench/aot.py [RECIPE] [--pin-move] [--skip-jobs | --jobs 1,2] [--fresh-runner]
 """
 
 from __future__ import annotations
@@ -172,6 +175,7 @@ def main() -> None:
     parser.add_argument("recipe", nargs="?", default=str(REPO / "recipes" / "sglang-blackwell.toml"))
     parser.add_argument("--pin-move", action="store_true", help="also the sglang 0.5.23 -> 0.5.22 move")
     parser.add_argument("--skip-jobs", action="store_true", help="skip the 1 vs 2 jobs compiles")
+    parser.add_argument("--jobs", default="1,2", help="the job counts the step's compile is run again with (1,2)")
     parser.add_argument("--fresh-runner", action="store_true", help="also a fresh runner's kernel cache, seeded "
                                                                      "from a loopback registry's build cache")
     args = parser.parse_args()
@@ -180,7 +184,7 @@ def main() -> None:
     made = []
     with tempfile.TemporaryDirectory(prefix="imagebuild-bench-aot-") as tmp:
         folder = Path(tmp)
-        pipeline.build(recipe, engine, run_smoke=False)  # the default kernel cache holds this lock's kernels
+        default = pipeline.build(recipe, engine, run_smoke=False)  # the default kernel cache holds this lock's kernels
         cold = cold_kernel_step(engine, recipe, folder)
         made.append(cold["image"])
         base_s = cold["seconds"]
@@ -208,16 +212,25 @@ def main() -> None:
         print(f"  kernels: {len(built)} artifacts")
         if not args.skip_jobs:
             results = {}
-            for jobs in (1, 2):
+            for jobs in [int(n) for n in args.jobs.split(",")]:
                 seconds, stats, manifest = compile_in_container(cold["image"], cold["context"] / "aot", jobs)
                 results[jobs] = (seconds, stats, by_name(manifest))
                 print(f"  compile with {jobs} job(s): {stats['seconds']:.1f} s compiling ({seconds:.1f} s in all), "
                       f"{stats['compiled']} compiled, peak compile RSS {stats['peak_compile_rss_mb']} MB")
-            print(f"  2 jobs / 1 job: {results[2][1]['seconds'] / results[1][1]['seconds']:.2f}x")
+            if {1, 2} <= set(results):
+                print(f"  2 jobs / 1 job: {results[2][1]['seconds'] / results[1][1]['seconds']:.2f}x")
             for jobs, (_, _, found) in results.items():
                 differ = sorted(f"{k[0]} {k[2]}" for k in built if found.get(k) != built[k])
                 print(f"  bytes, cold build vs {jobs} job(s): "
                       + ("all identical" if not differ and set(found) == set(built) else f"DIFFER: {differ}"))
+        from imagebuild.image import export
+        started = time.monotonic()
+        layouts = [export.export_layout(engine, image, folder / f"layout-{n}") for n, image in
+                   enumerate((default.image_id, cold["image"]))]
+        same = [a == b for a, b in zip(layouts[0].diff_ids, layouts[1].diff_ids)]
+        print(f"  identity: the default build and the cold step's image, {len(same)} layers, "
+              f"{sum(same)} identical ({'all' if all(same) else 'layers ' + str([i for i, x in enumerate(same) if not x]) + ' differ'}); "
+              f"exported in {time.monotonic() - started:.1f} s")
         history = sh(DOCKER, "history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", cold["image"])
         layer = next((line.split("\t")[0] for line in history.splitlines() if "kernels_aot.py build" in line), "?")
         print(f"  kernel layer: {layer}")
