@@ -145,7 +145,11 @@ def fresh_runner(engine, image: str, library: Path, folder: Path, base_s: float)
 
 
 def moved(recipe_path: Path, folder: Path, name: str, edit) -> Path:
+    """The recipe edited, named for the bench, with this run's own value in [env] (below the kernel step), so an
+    engine that built the same move before cannot take the step from its builder cache: the step runs."""
     text = edit(recipe_path.read_text())
+    if "\n[env]\n" in text:
+        text = text.replace("\n[env]\n", f'\n[env]\nIMAGEBUILD_BENCH_RUN = "{os.getpid()}"\n', 1)
     text = re.sub(r'name = "([^"]+)"', lambda m: f'name = "imagebuild-bench/{name}"', text, count=1)
     text = text.replace('file = "patches/', f'file = "{recipe_path.parent}/patches/')
     path = folder / "recipes" / f"{name}.toml"
