@@ -64,7 +64,7 @@ LOAD = ("import json, sys, time; t0 = time.monotonic(); sys.path.insert(0, '/opt
 COMPILE = ("set -eu; export FLASHINFER_WORKSPACE_BASE=/tmp/imagebuild-aot HOME=/tmp/imagebuild-aot/home "
            "PYTHONDONTWRITEBYTECODE=1 SGLANG_JIT_CACHE_DIR=/tmp/sglang-jit; "
            "python -B /run/imagebuild/aot/kernels_aot.py build /run/imagebuild/aot/aot.json /tmp/manifest.json; "
-           "echo MANIFEST $(python -c 'import json; print(json.dumps(json.load(open(\"/tmp/manifest.json\"))))')")
+           "python -c 'import json; print(\"MANIFEST \" + json.dumps(json.load(open(\"/tmp/manifest.json\"))))'")
 
 
 def sh(*command: str) -> str:
