@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -190,7 +191,9 @@ def cold(engine, newest, tmp_path_factory):
 @pytest.fixture(scope="module")
 def newest_layout(engine, newest, tmp_path_factory):
     """The fixture's image as an OCI layout (imagebuild's own export, its compressed layers kept in the cache)."""
-    return export.export_layout(engine, newest[1].image, tmp_path_factory.mktemp("layout") / "newest")
+    folder = tmp_path_factory.mktemp("layout")
+    yield export.export_layout(engine, newest[1].image, folder / "newest")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_an_empty_kernel_cache_takes_the_kernels_of_the_registry_build_cache(engine, newest, newest_layout, tmp_path):
@@ -221,6 +224,7 @@ def test_an_empty_kernel_cache_takes_the_kernels_of_the_registry_build_cache(eng
         assert (artifact["key"], artifact["sha256"]) == (before["key"], before["sha256"])
     finally:
         server.stop()
+        shutil.rmtree(tmp_path / "registry", ignore_errors=True)  # gigabytes of blobs: the suite's disk is not free
         if image_id:
             engine.remove(image_id)
         remove_mount(engine, mount)
@@ -253,7 +257,8 @@ def differing_sections(engine, image_a: str, image_b: str, path: str) -> list[st
     return sorted(name for name in a.keys() | b.keys() if a.get(name) != b.get(name))
 
 
-def test_two_cold_compiles_give_the_same_bytes_and_image_digest(engine, newest, newest_layout, cold, tmp_path):
+def test_two_cold_compiles_give_the_same_bytes_and_image_digest(engine, newest, newest_layout, cold, tmp_path,
+                                                                 request):
     """The fixture's module (compiled by its build, or by an earlier run's: the kernel cache) and the one compiled
     again on an empty cache, in another build step: the same bytes, so the same layers, and the same image but
     for the one history line that names this test's own cache mount. The negative controls are
@@ -266,6 +271,7 @@ def test_two_cold_compiles_give_the_same_bytes_and_image_digest(engine, newest, 
         sections = differing_sections(engine, newest[1].image, ref, artifact["path"])
         pytest.fail(f"{artifact['name']}: two cold compiles differ in {', '.join(sections)}")
     a, b = newest_layout, export.export_layout(engine, ref, tmp_path / "layout-cold")
+    request.addfinalizer(lambda: shutil.rmtree(tmp_path / "layout-cold", ignore_errors=True))
     assert len(a.diff_ids) == len(b.diff_ids) > 5
     mount_id, mount_dir = private_mount("cold")
     # The kernel step's layer keeps its cache mount's target as an empty folder: this test's mount has a name
