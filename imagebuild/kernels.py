@@ -26,19 +26,28 @@ from imagebuild.payload.probe.kernels_aot import STATS_MARK
 SEED_TEMPLATE = Path(__file__).resolve().parent / "kernel-seed.Dockerfile.j2"
 
 COUNTS = ("compiled", "reused", "jobs")
+SEED_COUNTS = ("flashinfer", "sglang", "present", "refused")
+
+
+def _marked_counts(line: str, mark: str, counts: tuple) -> dict | None:
+    """The JSON object after `mark` in a line of build output, when each of `counts` is a count; else None."""
+    at = line.find(mark)
+    if at < 0:
+        return None
+    try:
+        value = json.loads(line[at + len(mark):])
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool)
+                                              and value[k] >= 0 for k in counts):
+        return None
+    return value
 
 
 def parse_stats(line: str) -> dict | None:
     """The step's stats from one line of build output (BuildKit prefixes `#N 12.3 `), or None."""
-    at = line.find(STATS_MARK)
-    if at < 0:
-        return None
-    try:
-        value = json.loads(line[at + len(STATS_MARK):])
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or not all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool)
-                                              and value[k] >= 0 for k in COUNTS):
+    value = _marked_counts(line, STATS_MARK, COUNTS)
+    if value is None:
         return None
     seconds = value.get("seconds")
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds >= 0:
@@ -81,18 +90,8 @@ def summary(kernels: dict) -> str:
 
 def parse_seeded(line: str) -> dict | None:
     """The seed build's counts from one line of its output, or None."""
-    at = line.find(kernel_cache.SEED_MARK)
-    if at < 0:
-        return None
-    try:
-        value = json.loads(line[at + len(kernel_cache.SEED_MARK):])
-    except ValueError:
-        return None
-    keys = ("flashinfer", "sglang", "present", "refused")
-    if not isinstance(value, dict) or not all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool)
-                                              and value[k] >= 0 for k in keys):
-        return None
-    return {k: value[k] for k in keys}
+    value = _marked_counts(line, kernel_cache.SEED_MARK, SEED_COUNTS)
+    return {k: value[k] for k in SEED_COUNTS} if value is not None else None
 
 
 def seed_engine(engine, entries: Path, *, base_ref: str, python: str, platform: str | None = None,

@@ -26,6 +26,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from imagebuild.common import write_atomic
 from imagebuild.errors import ImagebuildError
 from imagebuild.image.oci import MEDIA_INDEX, MEDIA_MANIFEST
 from imagebuild.publish.push_source import DOCKER_LIST, DOCKER_MANIFEST, parse_reference
@@ -234,8 +235,4 @@ def _layer_manifest(blob: bytes, wanted: str) -> dict | str:
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_bytes(data)
-    os.chmod(temporary, mode | 0o600)
-    os.replace(temporary, path)
+    os.chmod(write_atomic(path, data), mode | 0o600)
