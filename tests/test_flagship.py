@@ -223,6 +223,9 @@ def check_zero_jit(engine, image: str, check: dict) -> None:
     assert sglang["misses"] == [] and len(sglang["hits"]) >= 5
     assert sglang["undeclared"] and all(error for _, _, error in sglang["undeclared"])
     assert [a for a in manifest["artifacts"] if a["kind"] == "sglang"]
+    # The image's SGLang cache holds what the inputs decide: each leaf's dependency list, not ninja's build times.
+    listed = engine.run(image, ["find", manifest["sglang_jit_cache_dir"], "-type", "f"]).stdout.split()
+    assert [p for p in listed if p.endswith("/sgl_deps.json")] and not [p for p in listed if p.endswith("/.ninja_log")]
     # The SBOM lists every prebuilt kernel with its hash; doctor in the image knows deep_gemm is off.
     document = build_sbom(read_lock(REPO / "lockfiles" / "sglang-blackwell.lock"), image_name="flagship",
                           kernels=image_kernels(engine, image))

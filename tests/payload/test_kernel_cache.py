@@ -208,6 +208,36 @@ def test_with_the_shim_a_source_written_again_compiles_to_the_same_bytes(real_nv
     assert first.replace(one, b"") == second.replace(other, b"")  # nothing else differs
 
 
+def compile_in(real_nvcc, folder: Path, source: str, shim: str) -> bytes:
+    """One compile as SGLang's ninja file runs it: the generated unit by its relative name, in its build folder."""
+    folder.mkdir(parents=True)
+    (folder / "main.cu").write_text(source)
+    subprocess.run([str(real_nvcc.nvcc), "-MD", "-MF", "main_0.o.d", "-std=c++20", "-O3", "-Xcompiler", "-fPIC",
+                    "-gencode=arch=compute_120f,code=sm_120f", "-c", "main.cu", "-o", "main_0.o"], cwd=folder,
+                   env=dict(os.environ, LD_PRELOAD=shim), check=True, capture_output=True, timeout=300)
+    return (folder / "main_0.o").read_bytes()
+
+
+@pytest.mark.needs_tool("c++")
+@pytest.mark.parametrize("source", [SOURCE, INSTANTIATIONS], ids=["static-initializer", "module-id-fallback"])
+def test_with_the_shim_a_compile_in_another_staging_folder_gives_the_same_bytes(real_nvcc, tmp_path, source):
+    """SGLang builds each module in `.staging-<uuid4>` and renames it into its cache: the folder's name reaches
+    the object through the process id (the static initializer's tmpxft_ name) and through cudafe++'s module id
+    (the source's path and the working folder). The shim counts every `.staging-*` folder as one."""
+    shim = kernel_cache.build_pid_shim(str(tmp_path / "shim"))
+    scope = tmp_path / "sglang" / "sm_120f" / "module" / "build-0123"
+    first = compile_in(real_nvcc, scope / ".staging-4f1c2e0a9b7d4e21a3c5b6d7e8f90a1b", source, shim)
+    second = compile_in(real_nvcc, scope / ".staging-9e8d7c6b5a4f43e2b1c0d9e8f7a6b5c4", source, shim)
+    assert first == second and b"tmpxft_" in first and len(first) > 1000
+    # The negative control: two folders whose names are not SGLang's staging ones still give two objects.
+    one = compile_in(real_nvcc, scope / "build-4f1c2e0a", source, shim)
+    other = compile_in(real_nvcc, scope / "build-9e8d7c6b", source, shim)
+    assert one != other
+    # The folder reached the temporary names and the module id (anonymous namespaces, _INTERNAL_ names) alone.
+    names = rb"tmpxft_[0-9a-f]{8}|[0-9a-f]{8}_\d+_main_cu_[0-9a-f]{8}(?:_\d+)?"
+    assert re.sub(names, b"NAME", one) == re.sub(names, b"NAME", other)
+
+
 @pytest.mark.needs_tool("c++")
 def test_with_the_shim_two_different_compiles_get_different_temporary_names(real_nvcc, tmp_path):
     """Compiles run in parallel sharing TMPDIR: each compile's number comes from its own command line."""

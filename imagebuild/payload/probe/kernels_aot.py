@@ -302,6 +302,11 @@ def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
     return artifacts, len(missing), seconds
 
 
+# What ninja writes beside SGLang's module: each command's start and end times. SGLang never reads it (a leaf is
+# never built again once published; sglang/kernels/jit/utils/compile/cache.py), so the image's copy leaves it out.
+BUILD_LOGS = (".ninja_log",)
+
+
 def _leaves(folder: str) -> set:
     """SGLang's cache leaves (the folders holding one built module) under folder."""
     return {os.path.dirname(path) for path in _shared_objects(folder)}
@@ -340,8 +345,11 @@ def build_sglang(spec: dict, cache, jobs: int) -> tuple:
         relative = os.path.relpath(leaf, os.path.realpath(shared))
         target = os.path.join(image_cache, relative)
         if os.path.realpath(target) != os.path.realpath(leaf):
-            shutil.copytree(leaf, target, dirs_exist_ok=True)
+            shutil.copytree(leaf, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*BUILD_LOGS))
             os.utime(leaf, None)
+        for log in BUILD_LOGS:  # the image holds what its inputs decide: not when this build ran
+            if os.path.lexists(os.path.join(target, log)):
+                os.remove(os.path.join(target, log))
         for path in sorted(_shared_objects(target)):
             artifacts.append(dict(kind="sglang", name=relative.split(os.sep)[1], path=path,
                                   target=relative.split(os.sep)[0], **describe(path)))
