@@ -38,6 +38,7 @@ LAYER_LIMIT = 1 << 30  # a kernel layer larger than this is not read (the flagsh
 STEP_MARK = "kernels_aot.py build"  # what the [aot] step's history entry (`created_by`) says
 _NAME = re.compile(r"[A-Za-z0-9_.+-]{1,200}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_NAMESPACE = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass
@@ -195,8 +196,11 @@ def _lay_out(blob: bytes, out_dir: Path, manifest_path: str, result: KernelLayer
                 flashinfer[_member_name(path)] = (name, key, sha)
             else:
                 result.refused.append(str(artifact.get("name"))[:200])
-    sglang_dir = manifest.get("sglang_jit_cache_dir")
-    sglang_prefix = _member_name(sglang_dir) + "/" if isinstance(sglang_dir, str) and _member_name(sglang_dir) else None
+    sglang_dir, namespace = manifest.get("sglang_jit_cache_dir"), manifest.get("sglang_cache_namespace")
+    # SGLang's files go in the namespace of the build-wide key they were built under; a manifest that names
+    # none (an image built before namespaces) gives none of them, since nothing says what built them.
+    sglang_prefix = _member_name(sglang_dir) + "/" if isinstance(sglang_dir, str) and _member_name(sglang_dir) and \
+        isinstance(namespace, str) and _NAMESPACE.fullmatch(namespace) else None
     with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
         for member in tar:
             if not member.isfile():
@@ -215,7 +219,8 @@ def _lay_out(blob: bytes, out_dir: Path, manifest_path: str, result: KernelLayer
             elif sglang_prefix and name.startswith(sglang_prefix):
                 relative = name[len(sglang_prefix):]
                 if relative and not relative.startswith("../") and ".." not in relative.split("/"):
-                    _write(out_dir / "sglang" / relative, tar.extractfile(member).read(), member.mode & 0o755)
+                    _write(out_dir / "sglang" / namespace / relative, tar.extractfile(member).read(),
+                           member.mode & 0o755)
                     result.sglang += 1
     result.refused.extend(module for module, _, _ in flashinfer.values())  # named, but not in the layer
 

@@ -90,6 +90,21 @@ def test_no_root_keeps_nothing(tmp_path):
     assert cache.trim(0) == {"bytes": 0, "removed": 0, "bound": 0}
 
 
+NAMESPACE = "0123456789abcdef"  # sglang_namespace's form: 16 hex digits of the build-wide key
+
+
+def test_sglang_sits_in_a_namespace_of_the_build_wide_key_so_a_new_shim_or_compiler_misses(tmp_path):
+    """SGLang's own key leaves out the shim and the host compiler: the namespace must not."""
+    build_wide = {"key_version": 1, "nvcc": "release 13.0", "cxx": "g++ 12.2.0", "pid_shim": "a" * 64}
+    namespace = kernel_cache.sglang_namespace(build_wide)
+    assert re.fullmatch(r"[0-9a-f]{16}", namespace) and namespace == kernel_cache.sglang_namespace(dict(build_wide))
+    for moved in ({"pid_shim": "b" * 64}, {"cxx": "g++ 13.1.0"}):
+        assert kernel_cache.sglang_namespace({**build_wide, **moved}) != namespace, moved
+    cache = KernelCache(str(tmp_path / "cache"))
+    assert cache.sglang_root(namespace) == str(tmp_path / "cache" / "sglang" / namespace)
+    assert KernelCache(None).sglang_root(namespace) is None
+
+
 def test_trim_drops_least_recently_used_entries_and_never_what_this_build_used(tmp_path):
     root = tmp_path / "cache"
     writer = KernelCache(str(root))
@@ -98,15 +113,15 @@ def test_trim_drops_least_recently_used_entries_and_never_what_this_build_used(t
         built.write_bytes(b"k" * 1000)
         writer.store(name, "mod", str(built))
         os.utime(root / "flashinfer" / name, (time.time() - 1000 + index, time.time() - 1000 + index))
-    leaf = root / "sglang" / "sm120f" / "rmsnorm" / "build-x" / "deps-y"
+    leaf = root / "sglang" / NAMESPACE / "sm120f" / "rmsnorm" / "build-x" / "deps-y"
     leaf.mkdir(parents=True)
     (leaf / "rmsnorm.so").write_bytes(b"s" * 1000)
-    os.utime(root / "sglang" / "sm120f" / "rmsnorm", (time.time() - 2000, time.time() - 2000))
+    os.utime(root / "sglang" / NAMESPACE / "sm120f" / "rmsnorm", (time.time() - 2000, time.time() - 2000))
     reader = KernelCache(str(root))
     reader.find("old", "mod")  # used by this build: kept however old
     result = reader.trim(2400)  # two entries of 1000 bytes and their entry.json
     remaining = sorted(p.name for p in (root / "flashinfer").iterdir())
-    assert remaining == ["new", "old"] and not (root / "sglang" / "sm120f" / "rmsnorm").exists()
+    assert remaining == ["new", "old"] and not (root / "sglang" / NAMESPACE / "sm120f" / "rmsnorm").exists()
     assert result["removed"] == 2 and 2000 < result["bytes"] <= 2400
 
 
@@ -233,9 +248,9 @@ def test_with_the_shim_a_compile_in_another_staging_folder_gives_the_same_bytes(
     one = compile_in(real_nvcc, scope / "build-4f1c2e0a", source, shim)
     other = compile_in(real_nvcc, scope / "build-9e8d7c6b", source, shim)
     assert one != other
-    # The folder reached the temporary names and the module id (anonymous namespaces, _INTERNAL_ names) alone.
-    names = rb"tmpxft_[0-9a-f]{8}|[0-9a-f]{8}_\d+_main_cu_[0-9a-f]{8}(?:_\d+)?"
-    assert re.sub(names, b"NAME", one) == re.sub(names, b"NAME", other)
+    # The folder reached the temporary names and the module id (anonymous namespaces, _INTERNAL_ names).
+    names = [set(re.findall(rb"tmpxft_[0-9a-f]{8}|[0-9a-f]{8}_\d+_main_cu_[0-9a-f]{8}", data)) for data in (one, other)]
+    assert names[0] and names[1] and names[0].isdisjoint(names[1]), names
 
 
 @pytest.mark.needs_tool("c++")
@@ -268,11 +283,11 @@ def seed_folder(tmp_path: Path) -> Path:
         (entry / f"{name}.so").write_bytes(data)
         (entry / "entry.json").write_text(
             f'{{"name": "{name}", "sha256": "{hashlib.sha256(stated).hexdigest()}", "bytes": {len(stated)}}}')
-    leaf = source / "sglang" / "sm120" / "rope" / "deps-123"
+    leaf = source / "sglang" / NAMESPACE / "sm120" / "rope" / "deps-123"
     leaf.mkdir(parents=True)
     (leaf / "rope.so").write_bytes(b"\x7fELF rope")
     (leaf / "meta.json").write_text("{}")
-    (source / "sglang" / "sm120" / "rope" / ".staging-9").mkdir()  # half-written: not a leaf
+    (source / "sglang" / NAMESPACE / "sm120" / "rope" / ".staging-9").mkdir()  # half-written: not a leaf
     return source
 
 
@@ -281,7 +296,7 @@ def test_seed_adds_what_the_cache_lacks_and_refuses_a_module_that_is_not_its_sta
     counts = cache.seed(str(seed_folder(tmp_path)))
     assert counts == {"flashinfer": 1, "sglang": 1, "present": 0, "refused": 1}
     assert cache.find("a" * 64, "batch_prefill_x") and not cache.find("b" * 64, "cascade")
-    leaf = tmp_path / "cache" / "sglang" / "sm120" / "rope" / "deps-123"
+    leaf = Path(cache.sglang_root(NAMESPACE)) / "sm120" / "rope" / "deps-123"
     assert sorted(p.name for p in leaf.iterdir()) == ["meta.json", "rope.so"]
     assert not list((tmp_path / "cache").rglob(".staging-*"))
 

@@ -66,11 +66,15 @@ def layer(files: dict[str, bytes], compress: bool = True) -> bytes:
     return out.getvalue()
 
 
+NAMESPACE = "0123456789abcdef"
+
+
 def kernel_manifest(sha: str = hashlib.sha256(MODULE).hexdigest(), **changes) -> bytes:
     artifact = {"kind": "flashinfer", "name": "batch_prefill_x", "key": KEY, "sha256": sha,
                 "path": "/opt/venv/flashinfer/data/aot/batch_prefill_x/batch_prefill_x.so"}
     return json.dumps({"artifacts": [artifact, {"kind": "sglang", "name": "rope", "path": "/var/cache/sglang/jit/x"}],
-                       "sglang_jit_cache_dir": "/var/cache/sglang/jit", **changes}).encode()
+                       "sglang_jit_cache_dir": "/var/cache/sglang/jit", "sglang_cache_namespace": NAMESPACE,
+                       **changes}).encode()
 
 
 def test_a_layer_is_laid_out_as_cache_entries(tmp_path):
@@ -83,8 +87,20 @@ def test_a_layer_is_laid_out_as_cache_entries(tmp_path):
     entry = tmp_path / "out" / "flashinfer" / KEY
     assert (entry / "batch_prefill_x.so").read_bytes() == MODULE
     assert json.loads((entry / "entry.json").read_text())["sha256"] == hashlib.sha256(MODULE).hexdigest()
-    assert (tmp_path / "out" / "sglang" / "sm120" / "rope" / "deps-1" / "rope.so").is_file()
+    assert (tmp_path / "out" / "sglang" / NAMESPACE / "sm120" / "rope" / "deps-1" / "rope.so").is_file()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["flashinfer", "sglang"]
+
+
+@pytest.mark.parametrize("namespace", [None, "../../etc", "ABC", 7])
+def test_sglang_files_without_a_namespace_of_their_build_are_not_taken(tmp_path, namespace):
+    """An image built before namespaces (or a manifest naming a bad one): nothing says which build-wide key
+    its SGLang kernels were built under, so they are left out; FlashInfer's, keyed, are still taken."""
+    blob = layer({"opt/imagebuild/kernels.json": kernel_manifest(sglang_cache_namespace=namespace),
+                  "opt/venv/flashinfer/data/aot/batch_prefill_x/batch_prefill_x.so": MODULE,
+                  "var/cache/sglang/jit/sm120/rope/deps-1/rope.so": b"\x7fELF rope"})
+    result = lay_out(blob, tmp_path / "out", MANIFEST, KernelLayer("registry/x:y"))
+    assert (result.flashinfer, result.sglang, result.refused) == (1, 0, [])
+    assert not (tmp_path / "out" / "sglang").exists()
 
 
 def test_a_module_that_is_not_its_manifest_bytes_is_refused_and_a_path_never_leaves_the_folder(tmp_path):

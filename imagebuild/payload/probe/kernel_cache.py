@@ -119,6 +119,14 @@ def flashinfer_key(spec, build_wide: dict, generated_root: str) -> str | None:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def sglang_namespace(build_wide: dict) -> str:
+    """The folder SGLang's cache sits in, named by the build-wide key. SGLang keys each module by its own
+    inputs (sources, flags, nvcc's and its packages' versions), not by what else decides the bytes here (the
+    pid shim, the host compiler, the toolchain's Debian packages): a change there must miss, as it does for
+    FlashInfer's modules, whose keys hold the same build-wide half."""
+    return hashlib.sha256(json.dumps(build_wide, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 class KernelCache:
     """A folder of kernels by key; `root` None is a cache that holds nothing and keeps nothing."""
 
@@ -156,15 +164,18 @@ class KernelCache:
         self.used.add(entry)
         return os.path.join(entry, f"{name}.so")
 
-    def sglang_root(self) -> str | None:
-        return os.path.join(self.root, "sglang") if self.root else None
+    def sglang_root(self, namespace: str | None = None) -> str | None:
+        """Where SGLang's cache lives in this one: under `namespace` (sglang_namespace) for a build."""
+        if not self.root:
+            return None
+        return os.path.join(self.root, "sglang", namespace) if namespace else os.path.join(self.root, "sglang")
 
     def trim(self, bound: int) -> dict:
         """Drop least recently used entries (FlashInfer modules, SGLang modules) until the cache fits."""
         if not self.root or not os.path.isdir(self.root):
             return {"bytes": 0, "removed": 0, "bound": bound}
         entries = []
-        for folder, depth in ((os.path.join(self.root, "flashinfer"), 1), (self.sglang_root(), 2)):
+        for folder, depth in ((os.path.join(self.root, "flashinfer"), 1), (self.sglang_root(), 3)):
             for path in _entries(folder, depth):
                 entries.append((os.path.getmtime(path), _size(path), path))
         total, removed = sum(size for _, size, _ in entries), 0
@@ -241,7 +252,7 @@ def _copy_in(source: str, target: str) -> int:
 
 
 def _entries(folder: str, depth: int) -> list:
-    """Folders `depth` levels below folder (SGLang's: <target>/<module>)."""
+    """Folders `depth` levels below folder (SGLang's: <namespace>/<target>/<module>)."""
     level = [folder]
     for _ in range(depth):
         level = [os.path.join(parent, name) for parent in level if os.path.isdir(parent)

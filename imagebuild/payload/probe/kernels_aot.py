@@ -312,12 +312,12 @@ def _leaves(folder: str) -> set:
     return {os.path.dirname(path) for path in _shared_objects(folder)}
 
 
-def build_sglang(spec: dict, cache, jobs: int) -> tuple:
+def build_sglang(spec: dict, cache, jobs: int, namespace: str) -> tuple:
     """SGLang's kernels built (or found) in the shared SGLang cache, their leaves copied into the image's
     cache; returns (artifacts, compiled, seconds). One process per target and share of the builders (SGLang caches
     its target once per process), `jobs` of them at once."""
     image_cache = sglang_cache_dir()
-    shared = cache.sglang_root() or image_cache
+    shared = cache.sglang_root(namespace) or image_cache
     before = _leaves(shared)
     started = time.monotonic()
     env = dict(os.environ, SGLANG_JIT_CACHE_DIR=shared)
@@ -371,14 +371,16 @@ def build(spec: dict, manifest_path: str) -> tuple:
     jobs = kernel_cache.jobs()
     build_wide = kernel_cache.fingerprint(cuda_home)
     artifacts, compiled, seconds = build_flashinfer(spec, cache, jobs, build_wide)
+    namespace = kernel_cache.sglang_namespace(build_wide) if spec["sglang"] else None
     if spec["sglang"]:
-        found, sglang_compiled, sglang_seconds = build_sglang(spec, cache, jobs)
+        found, sglang_compiled, sglang_seconds = build_sglang(spec, cache, jobs, namespace)
         artifacts, compiled, seconds = artifacts + found, compiled + sglang_compiled, seconds + sglang_seconds
     manifest = {"manifest_version": MANIFEST_VERSION, "archs": spec["archs"], "shapes": spec["shapes"],
                 "deep_gemm": spec["deep_gemm"], "versions": _versions(),
                 "nvcc_version": build_wide["nvcc"],
                 "link_stub": stub, "flashinfer_aot_dir": str(flashinfer_env.FLASHINFER_AOT_DIR),
-                "sglang_jit_cache_dir": sglang_cache_dir() if spec["sglang"] else None, "artifacts": artifacts}
+                "sglang_jit_cache_dir": sglang_cache_dir() if spec["sglang"] else None,
+                "sglang_cache_namespace": namespace, "artifacts": artifacts}
     _write_json(manifest_path, manifest)
     stats = {"compiled": compiled, "reused": len(artifacts) - compiled, "seconds": round(seconds, 1), "jobs": jobs,
              "cache": cache.root, "peak_compile_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024,
