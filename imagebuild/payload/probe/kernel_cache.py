@@ -116,6 +116,10 @@ def flashinfer_key(spec, build_wide: dict, generated_root: str) -> str | None:
                       if os.path.realpath(str(p)).startswith(generated)})
     parts = {"name": spec.name, "kind": type(spec).__name__, "ninja": ninja, "sources": sources,
              "generated": [(folder, _folder_digests(folder)) for folder in folders], "build": build_wide}
+    return _digest(parts)
+
+
+def _digest(parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -124,7 +128,7 @@ def sglang_namespace(build_wide: dict) -> str:
     inputs (sources, flags, nvcc's and its packages' versions), not by what else decides the bytes here (the
     pid shim, the host compiler, the toolchain's Debian packages): a change there must miss, as it does for
     FlashInfer's modules, whose keys hold the same build-wide half."""
-    return hashlib.sha256(json.dumps(build_wide, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return _digest(build_wide)[:16]
 
 
 class KernelCache:

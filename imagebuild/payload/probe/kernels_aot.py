@@ -345,7 +345,7 @@ def build_sglang(spec: dict, cache, jobs: int, namespace: str) -> tuple:
         relative = os.path.relpath(leaf, os.path.realpath(shared))
         target = os.path.join(image_cache, relative)
         if os.path.realpath(target) != os.path.realpath(leaf):
-            shutil.copytree(leaf, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*BUILD_LOGS))
+            shutil.copytree(leaf, target, dirs_exist_ok=True)
             os.utime(leaf, None)
         for log in BUILD_LOGS:  # the image holds what its inputs decide: not when this build ran
             if os.path.lexists(os.path.join(target, log)):
@@ -371,8 +371,9 @@ def build(spec: dict, manifest_path: str) -> tuple:
     jobs = kernel_cache.jobs()
     build_wide = kernel_cache.fingerprint(cuda_home)
     artifacts, compiled, seconds = build_flashinfer(spec, cache, jobs, build_wide)
-    namespace = kernel_cache.sglang_namespace(build_wide) if spec["sglang"] else None
+    namespace = None
     if spec["sglang"]:
+        namespace = kernel_cache.sglang_namespace(build_wide)
         found, sglang_compiled, sglang_seconds = build_sglang(spec, cache, jobs, namespace)
         artifacts, compiled, seconds = artifacts + found, compiled + sglang_compiled, seconds + sglang_seconds
     manifest = {"manifest_version": MANIFEST_VERSION, "archs": spec["archs"], "shapes": spec["shapes"],
