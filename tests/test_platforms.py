@@ -216,8 +216,14 @@ def test_uv_resolves_the_arm64_wheel_of_a_binary_package(tmp_path):
     assert locked.cuda["archs"] == ["sm_90a", "sm_100a", "sm_121a"]
 
 
-def test_a_package_without_a_wheel_for_a_platform_is_named_with_the_platform(tmp_path):
-    # nvidia-cuda-runtime-cu11 11.7.99 ships manylinux1_x86_64 and win_amd64 wheels only.
+@pytest.mark.parametrize("columns", [None, "40"])
+def test_a_package_without_a_wheel_for_a_platform_is_named_with_the_platform(tmp_path, monkeypatch, columns):
+    # nvidia-cuda-runtime-cu11 11.7.99 ships manylinux1_x86_64 and win_amd64 wheels only. uv wraps its
+    # explanation at $COLUMNS: a narrow terminal must not lose the headline.
+    if columns:
+        monkeypatch.setenv("COLUMNS", columns)
+    else:
+        monkeypatch.delenv("COLUMNS", raising=False)
     recipe = parse(RECIPE.replace('"six==1.16.0"', '"nvidia-cuda-runtime-cu11==11.7.99"'), tmp_path)
     assert resolve_lock(recipe.for_platform("amd64"), one_lock("amd64").base).wheels  # negative control
     with pytest.raises(ResolveFailed) as caught:
@@ -231,3 +237,17 @@ def test_the_missing_wheel_is_read_from_uvs_words_or_not_at_all():
             "`manylinux_2_36_aarch64`) and you require torch==2.14.1, we can conclude ...")
     assert missing_wheel(said) == "torch 2.14.1"
     assert missing_wheel("error: Failed to fetch: connection refused") is None
+    wrapped = ("  cause: Because nvidia-cuda-runtime-cu11==11.7.99 has no wheels with a\n"
+               "         matching platform tag (e.g., `manylinux_2_36_aarch64`) and you\n")
+    assert missing_wheel(wrapped) == "nvidia-cuda-runtime-cu11 11.7.99"  # uv at COLUMNS=80
+
+
+@given(st.text(), st.integers(min_value=10, max_value=120))
+def test_the_missing_wheel_is_read_the_same_at_any_width_and_never_raises(noise, width):
+    import textwrap
+    said = f"{noise} cause: Because torch==2.14.1 has no wheels with a matching platform tag (e.g., x)"
+    found = missing_wheel(said)
+    assert found is not None and found.endswith("2.14.1")
+    assert missing_wheel("\n".join(textwrap.wrap(said, width, break_long_words=False))) == found
+    if "Because" not in noise:
+        assert missing_wheel(noise) is None

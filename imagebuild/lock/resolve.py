@@ -109,12 +109,15 @@ def compile_command(recipe: Recipe, base: BaseIdentity, workdir: Path, uv: str) 
 
 
 _NO_MATCHING_WHEEL = re.compile(r"Because (\S+?)(?:==(\S+))? has no wheels with a matching platform tag")
+# uv wraps its explanation at the terminal's width ($COLUMNS; pytest-xdist's workers set 80), so the
+# words are matched with every run of white space read as one space.
+_WHITESPACE = re.compile(r"\s+")
 
 
 def missing_wheel(uv_stderr: str) -> str | None:
     """`name version` of the package uv found no wheel for on the target platform, if that is why
     the resolve failed (uv: "Because X==V has no wheels with a matching platform tag")."""
-    match = _NO_MATCHING_WHEEL.search(uv_stderr)
+    match = _NO_MATCHING_WHEEL.search(_WHITESPACE.sub(" ", uv_stderr))
     if not match:
         return None
     return f"{match.group(1)} {match.group(2)}" if match.group(2) else match.group(1)
