@@ -68,8 +68,18 @@ case "${1:-}" in
   # With no arguments the whole suite runs, the slow flagship build included (CI runs exactly this).
   # With arguments the slow tier stays in unless they say -m themselves (pyproject's default drops it).
   test) shift
-        marked=0; for arg in "$@"; do [[ "$arg" == -m || "$arg" == -m* ]] && marked=1; done
+        marked=0; parallel=0
+        for arg in "$@"; do
+          [[ "$arg" == -m || "$arg" == -m* ]] && marked=1
+          [[ "$arg" == -n || "$arg" == -n* || "$arg" == --numprocesses* || "$arg" == no:xdist ]] && parallel=1
+        done
         ((marked)) || set -- -m "slow or not slow" "$@"
+        # Two workers (pytest-xdist), each taking whole test files, so a module's fixtures (the flagship
+        # image, a release's build) are made once. The suite waits on the engine, the network and the
+        # disk as much as on the cores: two files at a time overlap those waits (docs/ci.md measures it).
+        # IMAGEBUILD_TEST_WORKERS=N (0: one process), or -n / -p no:xdist in the arguments, sets it otherwise.
+        # The files' order is tests/conftest.py's (longest first); xdist must not reorder them.
+        ((parallel)) || set -- -n "${IMAGEBUILD_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
         exec .venv/bin/python -m pytest "$@" ;;
   imagebuild) shift; exec .venv/bin/imagebuild "$@" ;;
   "") log "set up; run 'scripts/host.sh test' or 'scripts/host.sh imagebuild build RECIPE'" ;;

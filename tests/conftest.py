@@ -29,6 +29,27 @@ def missing_tool(*tools: str, package: str = "") -> None:
         (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
 
 
+# The files that take longest (docs/ci.md, "where the minutes go"), started first: with two workers each
+# taking whole files (scripts/host.sh), a long file that starts last is a tail nobody shares.
+LONGEST_FIRST = ("tests/test_flagship.py", "tests/test_zero_jit_releases.py", "tests/test_gallery.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files in the order two workers finish soonest: the longest named above, then every other file of
+    the slow tier, then those that use the engine, then the rest; a file's own tests keep their order.
+    The order decides only when a file starts, never what a test sees (each file has its own fixtures)."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def rank(path: str) -> tuple[int, int]:
+        marks = {mark.name for item in files[path] for mark in item.iter_markers()}
+        first = LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+        return (0 if path in LONGEST_FIRST else 1 if "slow" in marks else 2 if "engine" in marks else 3, first)
+
+    items[:] = [item for path in sorted(files, key=rank) for item in files[path]]
+
+
 def pytest_runtest_setup(item):
     for marker in item.iter_markers("needs_tool"):
         missing_tool(*marker.args, package=marker.kwargs.get("package", ""))
