@@ -5,6 +5,7 @@
     sha256_file()                 a file's sha256, read in chunks
     atomic_output(), write_atomic()  a file appears whole or not at all (temp file, then rename)
     host_arch(), MACHINES          Debian's architecture names against `uname -m`'s
+    Progress, quiet                a progress callback (one line of text at a time) and the one that says nothing
 """
 
 from __future__ import annotations
@@ -13,8 +14,15 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+# What a stage says while it works, a line at a time (the CLI prints it; a library caller may drop it).
+Progress = Callable[[str], None]
+
+
+def quiet(_: str) -> None:
+    """The progress callback that says nothing."""
 
 # Fixed so that two bootstraps of the same mirror state give the same bytes (mmdebstrap honours it);
 # layers written during a build are clamped to the same time (docs/reproducibility.md, "The epoch").

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jinja2
 
+from imagebuild.common import Progress, quiet
 from imagebuild.errors import ImagebuildError
 from imagebuild.payload.probe import kernel_cache
 from imagebuild.payload.probe.kernels_aot import STATS_MARK
@@ -59,7 +60,7 @@ def parse_stats(line: str) -> dict | None:
 class KernelStepWatch:
     """Wraps a build's progress callback: passes every line on, keeps the kernel step's stats."""
 
-    def __init__(self, progress: Callable[[str], None]):
+    def __init__(self, progress: Progress):
         self.progress, self.stats = progress, None
 
     def __call__(self, line: str) -> None:
@@ -96,7 +97,7 @@ def parse_seeded(line: str) -> dict | None:
 
 def seed_engine(engine, entries: Path, *, base_ref: str, python: str, platform: str | None = None,
                 cache_id: str = kernel_cache.MOUNT_ID, cache_dir: str = kernel_cache.MOUNT_DIR,
-                progress: Callable[[str], None] = lambda _: None) -> dict:
+                progress: Progress = quiet) -> dict:
     """Add the cache entries under `entries` to the engine's kernel cache mount; returns what was added
     (flashinfer, sglang), already there (present) and refused. The build's image is removed."""
     context = Path(tempfile.mkdtemp(prefix="imagebuild-kernel-seed-"))

@@ -14,12 +14,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from imagebuild import built, compat
 from imagebuild.base.identity import BaseIdentity
 from imagebuild.bootstrap import base_moves, ensure_base_image, identify, pending_updates
-from imagebuild.common import cache_dir, host_arch
+from imagebuild.common import Progress, cache_dir, host_arch, quiet
 from imagebuild.engine import BuildCache, Engine, ImageInfo
 from imagebuild.engine.contract import split_ref
 from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, LockError, RecipeError, SmokeFailed
@@ -32,16 +31,11 @@ from imagebuild.publish.kernel_layer import read_kernel_layer
 from imagebuild.publish.by_lock import RegistryTarget, push_by_lock, reuse_by_lock
 from imagebuild.recipe.model import DebianBase, Recipe, load_recipe
 
-Progress = Callable[[str], None]
 PROBE_COMMAND = ("python", "/opt/imagebuild/probe.pyz", "--expect", "/opt/imagebuild/expect.json")
 # Where users behind a TLS-intercepting proxy keep the roots that proxy signs with (Debian's path).
 # FlashInfer JIT-compiles on first use where a GPU is visible (tier 4): give the probe time.
 SMOKE_TIMEOUT_S = 1800
 DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-
-
-def quiet(_: str) -> None:
-    pass
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from imagebuild import compat, pipeline
-from imagebuild.engine import BuildCache, Engine
+from imagebuild.engine import BuildCache, Engine, default_engine, engine_names
 from imagebuild.engine.contract import split_ref
 from imagebuild.errors import ImagebuildError, LockError
 from imagebuild.lock import Lock, PlatformLocks, default_lock_path, ensure_fresh, read_locks
@@ -119,14 +119,16 @@ def fresh_locks(recipe: Recipe, path: Path, relock: bool, progress: Progress) ->
 
 
 def engine_for(spec: PlatformSpec, default: Engine) -> Engine:
-    """The platform's own builder when the recipe names one (a Docker endpoint), else the default."""
+    """The platform's own builder when the recipe names one (an endpoint of the default engine's kind),
+    else the default."""
     if spec.engine is None:
         return default
-    if default.name != "docker":
-        raise ImagebuildError(f"[platforms.{spec.arch}] engine = {spec.engine!r} is a Docker endpoint: "
-                              "build with --engine docker")
-    from imagebuild.engine.docker import DockerEngine
-    return DockerEngine(cli=getattr(default, "_cli", None), host=spec.engine)
+    if not default.reaches_endpoints():
+        able = [name for name in engine_names() if default_engine(name).reaches_endpoints()]
+        raise ImagebuildError(f"[platforms.{spec.arch}] engine = {spec.engine!r} is another machine's endpoint, "
+                              f"which the {default.name} engine cannot reach: build with "
+                              f"{' or '.join(f'--engine {name}' for name in able)}")
+    return default.at(spec.engine)
 
 
 def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = None, relock: bool = False,

@@ -192,6 +192,35 @@ def stage_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     return graph
 
 
+def engine_registry(root: Path = PACKAGE) -> dict[str, str]:
+    """engine/__init__.py's ENGINES, read from its source: engine name -> "module:class"."""
+    tree = ast.parse((root / "engine" / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "ENGINES" for t in node.targets):
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def engine_violations(root: Path = PACKAGE) -> list[str]:
+    """Outside engine/, an engine named: an import of an engine's own module, or its name as a string (a
+    comparison, a default, a list of choices). Those read imagebuild.engine's ENGINES, DEFAULT_ENGINE
+    and the contract instead, so a new engine is one module and one line."""
+    registry = engine_registry(root)
+    modules = {target.partition(":")[0] for target in registry.values()}
+    bad = []
+    for path in sources(root):
+        if path.relative_to(root).parts[0] in ("engine", "payload"):
+            continue
+        where = path.relative_to(root.parent)
+        for module, line in imports_of(path, root):
+            if any(module == m or module.startswith(m + ".") for m in modules):
+                bad.append(f"{where}:{line} imports {module}")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in registry:
+                bad.append(f"{where}:{node.lineno} names the {node.value} engine")
+    return bad
+
+
 # ---------------------------------------------------------------- the package as it is
 
 def test_payload_imports_only_the_standard_library_and_itself():
@@ -216,6 +245,11 @@ def test_recipe_and_knowledge_import_no_engine_registry_or_cli_code():
     graph = stage_graph()
     for stage in ("recipe", "knowledge", "compat"):
         assert not graph.get(stage, set()) & {"engine", "publish", "image", "cli", "pipeline"}, stage
+
+
+def test_nothing_outside_engine_names_an_engine():
+    assert len(engine_registry()) >= 2  # the registry was read: an empty one would pass anything
+    assert engine_violations() == []
 
 
 def test_no_import_cycle_between_modules():
@@ -289,3 +323,28 @@ def test_a_cycle_through_a_lazy_import_is_found(tmp_path):
                             "image/oci.py": "from imagebuild.bases import x\n"})
     assert cycles(module_graph(root)) == [["imagebuild.bases", "imagebuild.engine", "imagebuild.image.oci"]]
     assert cycles(stage_graph(root)) == [["bases", "engine", "image"]]
+
+
+ENGINE_INIT = 'ENGINES = {"docker": "imagebuild.engine.docker:DockerEngine", "buildah": "imagebuild.engine.buildah:B"}\n'
+
+
+@pytest.mark.parametrize("text, found", [
+    ("def f():\n    from imagebuild.engine.docker import DockerEngine\n", "imports imagebuild.engine.docker"),
+    ("import imagebuild.engine.buildah\n", "imports imagebuild.engine.buildah"),
+    ("def f(engine):\n    return engine.name != 'docker'\n", "names the docker engine"),
+    ("CHOICES = ['docker', 'buildah']\n", "names the docker engine"),
+])
+def test_an_engine_named_outside_engine_is_reported(tmp_path, text, found):
+    root = _tree(tmp_path, {"engine/__init__.py": ENGINE_INIT, "engine/docker.py": "NAME = 'docker'\n",
+                            "engine/buildah.py": "", "platforms.py": text})
+    bad = engine_violations(root)
+    assert bad and all(v.startswith("imagebuild/platforms.py:") for v in bad) and found in bad[0], bad
+
+
+def test_the_registry_and_the_contract_name_no_engine(tmp_path):
+    root = _tree(tmp_path, {"engine/__init__.py": ENGINE_INIT + "DEFAULT_ENGINE = 'docker'\n",
+                            "engine/docker.py": "", "engine/buildah.py": "",
+                            "platforms.py": "from imagebuild.engine import DEFAULT_ENGINE, default_engine\n"
+                                            "def f(name=DEFAULT_ENGINE):\n    return default_engine(name).at('ssh://x')\n"
+                                            "HELP = 'run docker login first'\n"})
+    assert engine_violations(root) == []

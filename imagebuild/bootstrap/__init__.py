@@ -24,18 +24,12 @@ from imagebuild.bootstrap.mirror import DEBIAN_KEYRING, Archives
 from imagebuild.bootstrap.resolve import resolve_debs
 from imagebuild.bootstrap.rootfs import BOOTSTRAP_FORMAT, DPKG_EXCLUDES, bootstrap_locked, rootfs_path
 from imagebuild.bootstrap.sources import HOST_SOURCES, suite_uris
-from imagebuild.common import BOOTSTRAP_EPOCH, sha256_file
+from imagebuild.common import BOOTSTRAP_EPOCH, Progress, quiet, sha256_file
 from imagebuild.errors import ImagebuildError, LockError
 from imagebuild.recipe.model import DebianBase, ImageBase
 
 # What every Debian base needs besides the recipe's packages: the interpreter and TLS roots.
 REQUIRED_PACKAGES = ("ca-certificates", "python3")
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def bootstrap_inputs(base: DebianBase) -> dict:
@@ -63,7 +57,7 @@ def _major_minor(debian_version: str) -> str:
     return f"{match.group(1)}.{match.group(2)}"
 
 
-def suites_now(base: DebianBase, where: Archives, progress: Progress = _quiet):
+def suites_now(base: DebianBase, where: Archives, progress: Progress = quiet):
     """Each suite's Release and its indices as the sources serve them now: (LockedSuite, [(suite, text, entries)])."""
     locked, indices = [], []
     for suite in base.apt_suites:
@@ -76,7 +70,7 @@ def suites_now(base: DebianBase, where: Archives, progress: Progress = _quiet):
     return tuple(locked), indices
 
 
-def resolve_base(base: DebianBase, progress: Progress = _quiet) -> BaseIdentity:
+def resolve_base(base: DebianBase, progress: Progress = quiet) -> BaseIdentity:
     """The base as its suites stand today: apt's picks, each .deb fetched and checked, bootstrapped once
     from exactly those to learn the rootfs sha256 the lock will check."""
     where = archives(base)
@@ -95,7 +89,7 @@ def resolve_base(base: DebianBase, progress: Progress = _quiet) -> BaseIdentity:
 
 
 def identify(base: DebianBase | ImageBase, locked: BaseIdentity | None = None, *, upgrade: bool = False,
-             progress: Progress = _quiet) -> BaseIdentity:
+             progress: Progress = quiet) -> BaseIdentity:
     """The base a lock records: an image by digest; a Debian base kept as locked (as uv keeps pins)
     unless what was asked changed or `upgrade` moves it to the sources' current state."""
     if isinstance(base, ImageBase):
@@ -106,7 +100,7 @@ def identify(base: DebianBase | ImageBase, locked: BaseIdentity | None = None, *
     return resolve_base(base, progress)
 
 
-def locked_rootfs(identity: BaseIdentity, base: DebianBase, progress: Progress = _quiet, *, check: bool = True):
+def locked_rootfs(identity: BaseIdentity, base: DebianBase, progress: Progress = quiet, *, check: bool = True):
     """The rootfs tar of a locked Debian base: its .debs fetched (cache, mirror, snapshot) and checked,
     bootstrapped, and its sha256 compared with the lock's."""
     files = archives(base).fetch_debs(identity.debs, identity.suites, progress)
@@ -125,7 +119,7 @@ def locked_rootfs(identity: BaseIdentity, base: DebianBase, progress: Progress =
 
 
 def ensure_base_image(identity: BaseIdentity, base: DebianBase | ImageBase, engine,
-                      progress: Progress = _quiet) -> str:
+                      progress: Progress = quiet) -> str:
     """Make the locked base present in the engine and return how to name it in FROM."""
     ref = identity.image_ref
     if identity.kind == "image" or engine.image_exists(ref):
@@ -148,7 +142,7 @@ def base_moves(old: BaseIdentity, new: BaseIdentity) -> list[dict]:
     return moves
 
 
-def pending_updates(identity: BaseIdentity, base: DebianBase, progress: Progress = _quiet) -> list[dict]:
+def pending_updates(identity: BaseIdentity, base: DebianBase, progress: Progress = quiet) -> list[dict]:
     """Locked packages that the locked suites now carry in a newer version, and in which suite."""
     _, indices = suites_now(base, archives(base), progress)
     newest: dict[str, tuple[str, str]] = {}

@@ -18,21 +18,18 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 from urllib.parse import unquote, urlsplit
 
 import requests
 
 from imagebuild.base.debian import PackageEntry, Release, parse_packages, parse_release, release_timestamp
 from imagebuild.base.identity import LockedDeb, LockedSuite
-from imagebuild.common import cache_dir
+from imagebuild.common import Progress, cache_dir, quiet
 from imagebuild.errors import BaseFetchFailed
 
 DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 _DECOMPRESS = {".xz": lzma.decompress, ".gz": gzip.decompress, ".bz2": bz2.decompress, "": lambda data: data}
 _TIMEOUT = (15, 120)
-
-Progress = Callable[[str], None]
 
 
 class Missing(Exception):
@@ -104,7 +101,7 @@ class Archives:
         return self.cache / "debs" / f"{deb.sha256}.deb"
 
     def fetch_debs(self, debs: tuple[LockedDeb, ...], suites: tuple[LockedSuite, ...],
-                   progress: Progress = lambda _: None) -> dict[str, Path]:
+                   progress: Progress = quiet) -> dict[str, Path]:
         """name -> local file of every locked .deb, each checked against its sha256 and size."""
         missing = [deb for deb in debs if not self.deb_path(deb).is_file()]
         if missing:

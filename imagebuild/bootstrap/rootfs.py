@@ -12,11 +12,10 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 from imagebuild.base.debian import parse_stanzas
 from imagebuild.base.identity import BaseIdentity, LockedDeb
-from imagebuild.common import BOOTSTRAP_EPOCH, cache_dir, sha256_file
+from imagebuild.common import BOOTSTRAP_EPOCH, Progress, cache_dir, quiet, sha256_file
 from imagebuild.engine.streams import run_streaming
 from imagebuild.errors import BaseFetchFailed, ImagebuildError, ToolMissing
 
@@ -32,8 +31,6 @@ DPKG_EXCLUDES = (
 # The image's apt sources: the bootstrap's local repository is gone, and no mirror is named here.
 SOURCES_LIST = ("# imagebuild bootstrapped this base from the .debs its lock names (lockfiles/*.lock).\n"
                 "# To install more with apt, add your mirror's suites here.\n")
-
-Progress = Callable[[str], None]
 
 
 def rootfs_key(identity: BaseIdentity) -> str:
@@ -81,7 +78,7 @@ def write_local_repo(root: Path, suite: str, arch: str, debs: tuple[LockedDeb, .
         f"SHA256:\n {digest} {index.stat().st_size} main/binary-{arch}/Packages\n")
 
 
-def bootstrap_locked(identity: BaseIdentity, files: dict[str, Path], progress: Progress = lambda _: None) -> Path:
+def bootstrap_locked(identity: BaseIdentity, files: dict[str, Path], progress: Progress = quiet) -> Path:
     """The rootfs tar of exactly the locked .debs (cached; temp file + rename); its sha256 is not checked here."""
     target = rootfs_path(identity)
     if target.exists():

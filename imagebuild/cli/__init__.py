@@ -1,7 +1,9 @@
 """The `imagebuild` command: argument parsing, printing and exit codes over the stages' library API.
 
     app.py      the parser, the core commands (check, lock, render, build, smoke, patches), main()
-    doctor.py, lxc.py, publish.py, repro.py   command groups, each beside the stage it drives
+    cache.py, doctor.py, lxc.py, publish.py, repro.py   command groups, each beside the stage it drives
+    options.py  options several commands take (--engine, its choices read from imagebuild.engine)
+    output.py   printing: outside text kept literal, findings, reports, progress
 
 Nothing outside cli/ imports it.
 """

@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from imagebuild import __version__, pipeline, platforms
+from imagebuild.cli.options import engine_option
 from imagebuild.cli.output import (Progress, line, make_console, print_base_moves, print_error, print_findings,
                                    print_patch_results, print_smoke)
 from imagebuild.engine.contract import BuildCache
@@ -104,7 +105,7 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
                      help="keep the untagged image when the smoke test fails")
     cmd.add_argument("--ca-bundle", help="CA roots for a TLS-intercepting proxy, passed as a build "
                      "secret (default: $IMAGEBUILD_CA_BUNDLE, $SSL_CERT_FILE, Debian's bundle)")
-    cmd.add_argument("--engine", default="docker", choices=["docker", "buildah"])
+    engine_option(cmd)
     cmd.add_argument("--no-gpus", action="store_true", help="smoke-test without GPUs even where they are visible")
     cmd.add_argument("--accept-unknown", action="store_true",
                      help="tag even when a smoke check ended unknown (nothing proved it); the report lists them. "
@@ -129,7 +130,7 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
 
     cmd = command("smoke", "re-run the in-image smoke test of a built image")
     cmd.add_argument("image")
-    cmd.add_argument("--engine", default="docker", choices=["docker", "buildah"])
+    engine_option(cmd)
     cmd.add_argument("--no-gpus", action="store_true", help="run without GPUs even where they are visible")
 
     cmd = command("patches", "check that a recipe's patches apply to the locked or another release")

@@ -26,7 +26,7 @@ def run_cache(args: argparse.Namespace, out: Console, err: Console) -> int:
     engine = None
     if not args.no_engine:
         from imagebuild.engine import default_engine
-        engine = default_engine("docker")
+        engine = default_engine()
         try:
             engine.check()
         except ImagebuildError:

@@ -7,6 +7,7 @@ import os
 
 from rich.console import Console
 
+from imagebuild.cli.options import engine_option
 from imagebuild.cli.output import line, print_doctor
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, ImagebuildError
 
@@ -19,7 +20,7 @@ def add_commands(command) -> None:
                      help="run the probe under this interpreter (default: python3 on PATH; with --image, the "
                           "image's python3)")
     cmd.add_argument("--image", help="run the probe in a throwaway container of this image (network off)")
-    cmd.add_argument("--engine", default="docker", choices=["docker"])
+    engine_option(cmd)
     cmd.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                      help="run the probe with this variable set, to try a fix before making it (repeatable)")
     cmd.add_argument("--unset", action="append", default=[], metavar="KEY",

@@ -63,7 +63,7 @@ def _sigterm_interrupts():
 
 def export_lxc(args: argparse.Namespace, out: Console, err: Console) -> int:
     from imagebuild.engine import default_engine
-    engine = default_engine("docker")
+    engine = default_engine()
     image, platform = lxc.resolve_image(engine, args.image, args.platform)
     output = args.output or Path(lxc.default_name(args.image, args.compress or "zst", args.oci,
                                                   lxc.arch_of(platform)))
@@ -106,7 +106,7 @@ def lxc_config(args: argparse.Namespace, out: Console, err: Console) -> int:
     libraries = None
     if args.image:
         from imagebuild.engine import default_engine
-        libraries = lxc_gpu.image_driver_libraries(default_engine("docker"), args.image)
+        libraries = lxc_gpu.image_driver_libraries(default_engine(), args.image)
         if libraries:
             raise lxc_gpu.DriverInImage(
                 f"{args.image} carries {', '.join(libraries)}: a container must use the host's own "

@@ -6,18 +6,17 @@ ImagebuildError and the CLI maps them to their exit codes.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from rich.console import Console
 
+from imagebuild.cli.options import engine_option
 from imagebuild.cli.output import line
 from imagebuild.engine import default_engine
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, ImagebuildError
 from imagebuild.image import export, index, oci, sbom, verify
 from imagebuild.lock import Lock, parse_lock, read_lock
 
-ENGINES = ("docker", "buildah")
 IMAGE_LOCK = "opt/imagebuild/lock.json"  # the lock every image carries (Dockerfile.j2)
 
 
@@ -34,13 +33,13 @@ def add_commands(command) -> None:
     cmd.add_argument("--ref-name", help="the layout's ref name (default: the image's tag; several images: "
                                         "their tag without its -ARCH suffix)")
     cmd.add_argument("--no-sbom", action="store_true", help="write no SBOM")
-    _engine_option(cmd)
+    engine_option(cmd)
     cmd.set_defaults(handler=export_command)
 
     cmd = command("verify", "check an image against its lock: labels, versions, RECORD hashes, patches")
     cmd.add_argument("image", help="engine image, or an OCI layout (oci:DIR)")
     cmd.add_argument("--lock", type=Path, required=True)
-    _engine_option(cmd)
+    engine_option(cmd)
     cmd.set_defaults(handler=verify_command)
 
     cmd = command("diff", "name the first files that differ between two images")
@@ -49,19 +48,15 @@ def add_commands(command) -> None:
     cmd.add_argument("--raw", action="store_true",
                      help="compare mtimes as they are (default: clamped to the lock epoch, as export-oci does)")
     cmd.add_argument("--limit", type=int, default=20, help="how many differing files to list")
-    _engine_option(cmd)
+    engine_option(cmd)
     cmd.set_defaults(handler=diff_command)
 
     cmd = command("sbom", "write a CycloneDX 1.5 SBOM for an image, from its lock")
     cmd.add_argument("image", help="engine image, or an OCI layout (oci:DIR; the SBOM is attached to it)")
     cmd.add_argument("-o", "--out", type=Path, required=True, help="SBOM file (.cdx.json)")
     cmd.add_argument("--lock", type=Path, help="the image's lock (default: the one inside the image)")
-    _engine_option(cmd)
+    engine_option(cmd)
     cmd.set_defaults(handler=sbom_command)
-
-
-def _engine_option(cmd: argparse.ArgumentParser) -> None:
-    cmd.add_argument("--engine", default="docker", choices=ENGINES)
 
 
 def image_lock(engine, image: str, explicit: Path | None) -> Lock:

@@ -19,9 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping, Sequence
 
-from imagebuild.common import REPRO_EPOCH
-from imagebuild.engine.contract import (BuildCache, Engine, ImageInfo, Progress, RunResult, config_platform,
-                                         split_ref)
+from imagebuild.common import REPRO_EPOCH, Progress, quiet
+from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, RunResult, config_platform, split_ref
 from imagebuild.engine.build_log import BUILD_LOG_LINES, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
@@ -86,7 +85,7 @@ class BuildahEngine(Engine):
             raise EngineUnavailable(f"buildah cannot reach its storage: {proc.stderr.strip()[-500:]}")
 
     def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
-              progress: Progress = lambda _: None, cache: BuildCache | None = None,
+              progress: Progress = quiet, cache: BuildCache | None = None,
               platform: str | None = None) -> str:
         self.check()
         with tempfile.TemporaryDirectory(prefix="imagebuild-iid-") as tmp:

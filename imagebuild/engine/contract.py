@@ -4,8 +4,7 @@ An engine builds a context into an untagged image (so a failed build or a failed
 leaves a tag), tags it, runs a command in a throwaway container, inspects and removes images, and
 imports a rootfs tar as a base. DockerEngine (engine/docker.py) is the implementation in use;
 BuildahEngine (engine/buildah.py) builds without a daemon. How a build tool's output is streamed
-lives in engine/streams.py. A new engine implements Engine here and joins default_engine()
-in engine/__init__.py.
+lives in engine/streams.py. A new engine implements Engine and joins ENGINES in engine/__init__.py.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
 
-Progress = Callable[[str], None]
+from imagebuild.common import Progress, quiet
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
-              progress: Progress = lambda _: None, cache: BuildCache | None = None,
+              progress: Progress = quiet, cache: BuildCache | None = None,
               platform: str | None = None) -> str:
         """Build the context's Dockerfile; return the image id. Never tags. Raises BuildFailed.
         With `cache`, unchanged layers may come from its sources (a source that does not exist yet
@@ -115,6 +114,22 @@ class Engine(abc.ABC):
         read once and never held whole: oci, verify and lxc read it."""
         from imagebuild.errors import ImagebuildError
         raise ImagebuildError(f"the {self.name} engine cannot stream an image out")
+
+    def at(self, endpoint: str) -> "Engine":
+        """The same kind of engine reaching another endpoint (a platform's own builder: a recipe's
+        [platforms.ARCH].engine). An engine that builds only on this machine refuses."""
+        from imagebuild.errors import ImagebuildError
+        raise ImagebuildError(f"the {self.name} engine builds only on this machine: it cannot reach {endpoint!r}")
+
+    def reaches_endpoints(self) -> bool:
+        """Whether at() can reach another endpoint."""
+        return type(self).at is not Engine.at
+
+    def load(self, write: Callable[[BinaryIO], None], what: str) -> str:
+        """Load the image archive (a `docker save` stream) that `write` writes into this engine; what the
+        engine said. Raises BuildFailed when it fails."""
+        from imagebuild.errors import ImagebuildError
+        raise ImagebuildError(f"the {self.name} engine cannot load an image archive ({what})")
 
     def image_exists(self, ref: str) -> bool:
         return self.inspect(ref) is not None

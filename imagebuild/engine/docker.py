@@ -18,11 +18,10 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from imagebuild.engine.contract import (BuildCache, Engine, ImageInfo, Progress, RunResult, config_platform,
-                                         split_ref)
+from imagebuild.common import Progress, quiet, sha256_file
+from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, RunResult, config_platform, split_ref
 from imagebuild.engine.build_log import BUILD_LOG_LINES, TAIL_SHOWN, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming, widen_pipe
-from imagebuild.common import sha256_file
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
 
 # Debian's docker.io CLI (20.10) runs BuildKit builds itself; newer CLIs need the buildx plugin.
@@ -105,7 +104,7 @@ class DockerEngine(Engine):
         self._client = client
 
     def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
-              progress: Progress = lambda _: None, cache: BuildCache | None = None,
+              progress: Progress = quiet, cache: BuildCache | None = None,
               platform: str | None = None) -> str:
         self.check()
         with tempfile.TemporaryDirectory(prefix="imagebuild-iid-") as tmp:
@@ -245,6 +244,10 @@ class DockerEngine(Engine):
         self.check()
         with command_stream(self.command("save", image), f"docker save {image}") as stream:
             yield stream
+
+    def at(self, endpoint: str) -> "DockerEngine":
+        """The same CLI, talking to the daemon at endpoint (DOCKER_HOST's form: ssh://…, tcp://…, unix://…)."""
+        return DockerEngine(cli=self._cli, host=endpoint)
 
     def load(self, write: Callable[[BinaryIO], None], what: str) -> str:
         """`docker load` of the image archive `write` streams into it; what docker said. Raises

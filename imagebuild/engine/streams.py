@@ -8,11 +8,11 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import tempfile
-from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
+from typing import BinaryIO, Iterator, Mapping, Sequence
 
+from imagebuild.common import Progress
 from imagebuild.errors import BuildFailed, ImagebuildError
 
-Progress = Callable[[str], None]
 _CHUNK = 1 << 20
 
 

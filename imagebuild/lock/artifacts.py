@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
@@ -27,6 +27,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from requests.adapters import HTTPAdapter
 
+from imagebuild.common import Progress, quiet
 from imagebuild.knowledge.cuda import CudaVersion
 from imagebuild.lock.lockfile import LockedWheel
 from imagebuild.lock.remote_wheel import WheelError, wheel_files
@@ -228,7 +229,7 @@ def parse_metadata(text: str) -> tuple[str, ...]:
 
 
 def read_artifacts(wheels: Iterable[LockedWheel], cache: Path,
-                   progress: Callable[[str], None] = lambda _: None) -> Artifacts:
+                   progress: Progress = quiet) -> Artifacts:
     """METADATA and RECORD of every locked wheel (from where the resolver found it); one that cannot
     be read is noted, never guessed at."""
     wheels = [w for w in wheels if w.url]  # a lock read back from disk has no URLs: nothing to read

@@ -17,7 +17,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from imagebuild import __version__
 from imagebuild.base.identity import BaseIdentity
-from imagebuild.common import MACHINES, cache_dir, host_arch
+from imagebuild.common import MACHINES, Progress, cache_dir, host_arch, quiet
 from imagebuild.errors import LockError, ResolveFailed, ToolMissing
 from imagebuild.lock.lockfile import (Lock, LockedPatch, LockedWheel, payload_sha256, recipe_sha256, sha256_bytes,
                                       template_sha256)
@@ -45,7 +45,7 @@ def uv_binary() -> str:
     return found
 
 
-def uv_binary_for(arch: str, progress=lambda _: None) -> str:
+def uv_binary_for(arch: str, progress: Progress = quiet) -> str:
     """A uv that runs on `arch`, for builds of that platform (it runs inside the build, emulated or on
     a native builder): this machine's own uv, or the same uv release's wheel for that CPU from the
     package index, unpacked once into the cache."""

@@ -9,12 +9,12 @@ never carries that metadata, so its digest stays reproducible.
 
 from __future__ import annotations
 
+from imagebuild.common import Progress, quiet
 from imagebuild.engine.contract import BuildCache
 from imagebuild.publish.registry import push_engine_image
-from imagebuild.publish.registry_client import Progress, _quiet
 
 
-def push_build_cache(engine, image: str, cache: BuildCache, progress: Progress = _quiet) -> str:
+def push_build_cache(engine, image: str, cache: BuildCache, progress: Progress = quiet) -> str:
     """Push `image` with its build-cache metadata to cache.target; returns the pushed digest."""
     return push_engine_image(engine, image, cache.target, ca_cert=cache.ca_cert, insecure_http=cache.insecure_http,
                              build_cache=True, progress=progress).digest

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from imagebuild.common import Progress, quiet
 from imagebuild.image.oci import MEDIA_INDEX, MEDIA_MANIFEST
 from imagebuild.publish.push_source import DOCKER_LIST, DOCKER_MANIFEST, Reference, parse_reference
 from imagebuild.publish.registry import push_engine_image
 from imagebuild.publish.registry_auth import RegistryError
-from imagebuild.publish.registry_client import Progress, RegistryClient, _quiet, describe
+from imagebuild.publish.registry_client import RegistryClient, describe
 
 ACCEPT = ", ".join((MEDIA_MANIFEST, MEDIA_INDEX, DOCKER_MANIFEST, DOCKER_LIST))
 
@@ -33,7 +34,7 @@ class RegistryTarget:
         ref = parse_reference(self.repository)
         return parse_reference(f"{ref.registry}/{ref.repository}:{tag}")
 
-    def client(self, progress: Progress = _quiet) -> RegistryClient:
+    def client(self, progress: Progress = quiet) -> RegistryClient:
         ref = parse_reference(self.repository)
         client = RegistryClient(ref.registry, ca_cert=self.ca_cert, insecure_http=self.insecure_http,
                                 progress=progress)
@@ -48,7 +49,7 @@ class RegistryHit:
     lock_reference: str
 
 
-def find_by_lock(target: RegistryTarget, lock_sha256: str, progress: Progress = _quiet,
+def find_by_lock(target: RegistryTarget, lock_sha256: str, progress: Progress = quiet,
                  client: RegistryClient | None = None) -> str | None:
     """The digest of the manifest tagged for this lock, by a HEAD request; None when there is none."""
     ref = target.reference(lock_tag(lock_sha256))
@@ -79,7 +80,7 @@ def copy_manifest(client: RegistryClient, source: Reference, target: Reference) 
     return digest
 
 
-def reuse_by_lock(target: RegistryTarget, lock_sha256: str, tag: str, progress: Progress = _quiet,
+def reuse_by_lock(target: RegistryTarget, lock_sha256: str, tag: str, progress: Progress = quiet,
                   expected: str | None = None) -> RegistryHit | None:
     """The image pushed for this lock given the recipe's tag; None when the registry has none, or when
     its lock tag names another manifest than the one this machine pushed for the lock (`expected`)."""
@@ -96,7 +97,7 @@ def reuse_by_lock(target: RegistryTarget, lock_sha256: str, tag: str, progress: 
 
 
 def push_by_lock(engine, image: str, target: RegistryTarget, lock_sha256: str, tag: str,
-                 progress: Progress = _quiet) -> RegistryHit:
+                 progress: Progress = quiet) -> RegistryHit:
     """Push a smoke-tested engine image under tag, then the same manifest under the lock's tag."""
     ref, locked = target.reference(tag), target.reference(lock_tag(lock_sha256))
     report = push_engine_image(engine, image, ref, ca_cert=target.ca_cert, insecure_http=target.insecure_http,

@@ -26,12 +26,12 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from imagebuild.common import write_atomic
+from imagebuild.common import Progress, quiet, write_atomic
 from imagebuild.errors import ImagebuildError
 from imagebuild.image.oci import MEDIA_INDEX, MEDIA_MANIFEST
 from imagebuild.publish.push_source import DOCKER_LIST, DOCKER_MANIFEST, parse_reference
 from imagebuild.publish.registry_auth import RegistryError
-from imagebuild.publish.registry_client import Progress, RegistryClient, _quiet, describe
+from imagebuild.publish.registry_client import RegistryClient, describe
 
 ACCEPT = ", ".join((MEDIA_MANIFEST, DOCKER_MANIFEST, MEDIA_INDEX, DOCKER_LIST))
 LAYER_LIMIT = 1 << 30  # a kernel layer larger than this is not read (the flagship's is about 11 MB)
@@ -63,7 +63,7 @@ class KernelLayer:
 
 def read_kernel_layer(source: str, out_dir: Path, *, manifest_path: str, platform: str = "linux/amd64",
                       ca_cert: str | None = None, insecure_http: bool = False,
-                      progress: Progress = _quiet) -> KernelLayer:
+                      progress: Progress = quiet) -> KernelLayer:
     """The [aot] layer of the image at `source` (HOST/REPO:TAG), laid out under out_dir as kernel cache entries."""
     result = KernelLayer(source)
     try:

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from imagebuild.common import atomic_output, sha256_file
+from imagebuild.common import Progress, atomic_output, quiet, sha256_file
 from imagebuild.engine.contract import config_platform, split_ref
 from imagebuild.engine.streams import widen_pipe
 from imagebuild.errors import ImagebuildError, ToolMissing
@@ -33,7 +33,6 @@ from imagebuild.image import tarstream
 from imagebuild.publish.rootfs_filter import (ImageConfig, RootfsSummary, TemplateError, TemplatePlan, TemplateReport,
                                               clean_name, damaged_as_unreadable, filter_rootfs)
 
-Progress = Callable[[str], None]
 BUFFER = 1 << 20
 COMPRESSORS = {"zst": (".tar.zst", ("zstd", "-T0", "-q", "-c")),
                "gz": (".tar.gz", ("pigz", "-n", "-c")),  # gzip -n -c when pigz is missing
@@ -241,7 +240,7 @@ def write_template(source: BinaryIO, out: Path, plan: TemplatePlan, compression:
 
 def export_template(engine, image: str, out: Path, *, compression: str | None = None,
                     init: str = "auto", command: tuple[str, ...] | None = None,
-                    progress: Progress = lambda _: None) -> TemplateReport:
+                    progress: Progress = quiet) -> TemplateReport:
     """The image as a Proxmox LXC rootfs template at out (zstd unless its suffix says gz or xz)."""
     started = time.monotonic()
     out = Path(out)
@@ -267,7 +266,7 @@ def export_template(engine, image: str, out: Path, *, compression: str | None = 
 
 
 def export_oci(engine, image: str, out: Path, *, writer: str = "auto",
-               progress: Progress = lambda _: None) -> TemplateReport:
+               progress: Progress = quiet) -> TemplateReport:
     """An uncompressed OCI archive (Proxmox 9.1+): imagebuild.image.oci's layout tarred (writer auto or
     imagebuild), or skopeo's oci-archive (writer skopeo, or auto without imagebuild.image.oci)."""
     started = time.monotonic()

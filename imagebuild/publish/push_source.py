@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from imagebuild.common import Progress, quiet
 from imagebuild.errors import ImagebuildError
 from imagebuild.image import export, oci
 from imagebuild.image.oci import LayoutError
-from imagebuild.publish.registry_client import Progress, _quiet
 
 OCI_MANIFEST, OCI_INDEX = oci.MEDIA_MANIFEST, oci.MEDIA_INDEX
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -201,7 +201,7 @@ def _ref_name(entry: dict) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def export_engine_image(engine, image: str, out_dir: Path, progress: Progress = _quiet, *,
+def export_engine_image(engine, image: str, out_dir: Path, progress: Progress = quiet, *,
                         build_cache: bool = False) -> str:
     """Write an engine image as an OCI layout (SOURCE_DATE_EPOCH, if set, clamps its times);
     returns the writer's name for the report. build_cache keeps BuildKit's cache metadata."""

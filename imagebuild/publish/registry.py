@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from imagebuild.common import cache_dir, write_atomic
+from imagebuild.common import Progress, cache_dir, quiet, write_atomic
 from imagebuild.errors import ImagebuildError
 from imagebuild.image.oci import LayoutError
 from imagebuild.publish.push_source import Blob, Manifest, Reference, export_engine_image, parse_reference, read_layout
 from imagebuild.publish.registry_auth import AuthFailed, Credentials, RegistryError, parse_upload_range
-from imagebuild.publish.registry_client import (RETRY_ERRORS, RETRY_STATUS, Progress, RegistryClient, _quiet, describe,
+from imagebuild.publish.registry_client import (RETRY_ERRORS, RETRY_STATUS, RegistryClient, describe,
                                                 with_query)
 
 DEFAULT_CHUNK = 64 << 20  # a lost connection costs at most one chunk
@@ -273,7 +273,7 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
          credentials: Credentials | None = None, ca_cert: str | Path | None = None,
          insecure_http: bool = False, mount_from: Sequence[str] = (),
          chunk_size: int = DEFAULT_CHUNK, retries: int = 5, backoff: float = 0.5,
-         remember: bool = True, also_tags: Sequence[str] = (), progress: Progress = _quiet) -> PushReport:
+         remember: bool = True, also_tags: Sequence[str] = (), progress: Progress = quiet) -> PushReport:
     """Push the image in the OCI layout `source` to `reference` (HOST[:PORT]/REPO[:TAG]), and then under
     each of `also_tags` in the same repository (the same manifest bytes: the same digest)."""
     started = time.monotonic()
@@ -307,7 +307,7 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
 
 def push_engine_image(engine, image: str, reference: str | Reference, *, ca_cert: str | Path | None = None,
                       insecure_http: bool = False, build_cache: bool = False,
-                      progress: Progress = _quiet) -> PushReport:
+                      progress: Progress = quiet) -> PushReport:
     """An engine image written as an OCI layout in a temp folder, then pushed (build_cache: with
     BuildKit's cache metadata kept, for the image pushed as a build cache)."""
     with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:

@@ -15,21 +15,17 @@ from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 import requests
 
 from imagebuild import __version__
+from imagebuild.common import Progress, quiet
 from imagebuild.errors import EXIT_UNAVAILABLE, ImagebuildError
 from imagebuild.publish.registry_auth import (AuthFailed, Challenge, Credentials, RegistryError, find_credentials,
                                               login_hint, parse_www_authenticate, read_token, token_request)
 
-Progress = Callable[[str], None]
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 RETRY_ERRORS = (requests.ConnectionError, requests.Timeout)
 
 
 class RegistryUnreachable(RegistryError):
     exit_code = EXIT_UNAVAILABLE
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def is_loopback(registry: str) -> bool:
@@ -65,7 +61,7 @@ class RegistryClient:
     def __init__(self, registry: str, *, credentials: Credentials | None = None,
                  ca_cert: str | Path | None = None, insecure_http: bool = False, retries: int = 5,
                  backoff: float = 0.5, timeout: tuple[float, float] = (15, 300),
-                 progress: Progress = _quiet):
+                 progress: Progress = quiet):
         if insecure_http and not is_loopback(registry):
             raise ImagebuildError(f"--insecure-http is only for a registry on this machine "
                                   f"(localhost, 127.0.0.1, ::1), not {registry}: give its CA with "
