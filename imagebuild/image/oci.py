@@ -40,13 +40,6 @@ class LayoutError(ImagebuildError):
     """An OCI layout or saved image whose JSON or blobs are missing or malformed."""
 
 
-def lock_epoch(lock=None) -> int:
-    """SOURCE_DATE_EPOCH for an image built from this lock: a constant, see REPRO_EPOCH.
-
-    Takes the lock so that a lock format which records its own epoch can be honoured here."""
-    return REPRO_EPOCH
-
-
 def rfc3339(epoch: int) -> str:
     return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 

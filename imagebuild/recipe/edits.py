@@ -1,5 +1,5 @@
 """The recipe tables that change installed distributions: [[patches]] (a unified diff applied
-exactly) and [[prune]] (files the stack cannot use, removed or stripped). recipe.py parses the rest.
+exactly) and [[prune]] (files the stack cannot use, removed or stripped). model.py parses the rest.
 """
 
 from __future__ import annotations
