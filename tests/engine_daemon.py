@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import subprocess
 import tempfile
@@ -61,6 +62,14 @@ def why_not() -> str | None:
     return None
 
 
+def free_octet() -> int:
+    """A third octet of 198.18.x.0/24 that no interface here uses yet: two engines of tests running at
+    once (the suite's two workers) never share a subnet."""
+    used = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    taken = {int(m) for m in re.findall(r"inet 198\.18\.(\d+)\.", used)}
+    return random.choice([octet for octet in range(256) if octet not in taken])
+
+
 def start_daemon() -> Daemon:
     # A short root: the managed containerd's socket lives under the exec root, and a unix socket's
     # path must stay under 108 bytes.
@@ -68,7 +77,7 @@ def start_daemon() -> Daemon:
     sock = f"unix://{root}/docker.sock"
     log = root / "dockerd.log"
     bridge = "ibd" + root.name[-8:].replace("_", "0")  # an interface name: at most 15 characters
-    address = f"198.18.{random.randrange(256)}.1/24"  # RFC 2544's range: no real network uses it
+    address = f"198.18.{free_octet()}.1/24"  # RFC 2544's range: no real network uses it
     for command in (["ip", "link", "add", "name", bridge, "type", "bridge"],
                     ["ip", "addr", "add", address, "dev", bridge], ["ip", "link", "set", bridge, "up"]):
         subprocess.run(command, check=True, capture_output=True)
