@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from imagebuild import __version__, pipeline, platforms
+from imagebuild.cli.examples import HelpFormatter, epilog
 from imagebuild.cli.options import engine_option
 from imagebuild.cli.output import (Progress, line, make_console, print_base_moves, print_error, print_findings,
                                    print_patch_results, print_smoke)
@@ -72,7 +73,8 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_: str) -> argparse.ArgumentParser:
-        cmd = sub.add_parser(name, help=help_, description=help_)
+        cmd = sub.add_parser(name, help=help_, description=help_, epilog=epilog(name),
+                             formatter_class=HelpFormatter)
         cmd.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
         return cmd
 
