@@ -77,3 +77,15 @@ class BaseIdentity:
                 "inputs_sha256": self.inputs_sha256, "ref": self.ref,
                 "suites": [s.to_dict() for s in self.suites], "debs": [d.to_dict() for d in self.debs]}
         return {k: v for k, v in data.items() if v not in (None, [], {})}
+
+
+def base_moves(old: BaseIdentity, new: BaseIdentity) -> list[dict]:
+    """What moving the base changed: package, old -> new version, and the suite it now comes from."""
+    before, after = {d.name: d for d in old.debs}, {d.name: d for d in new.debs}
+    moves = []
+    for name in sorted(set(before) | set(after)):
+        was, now = before.get(name), after.get(name)
+        if was is None or now is None or was.version != now.version:
+            moves.append({"package": name, "old": was.version if was else None,
+                          "new": now.version if now else None, "suite": (now or was).suite})
+    return moves

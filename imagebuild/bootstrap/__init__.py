@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from imagebuild.base.debian import compare_versions
-from imagebuild.base.identity import BaseIdentity, LockedSuite
+from imagebuild.base.identity import BaseIdentity, LockedSuite, base_moves
 from imagebuild.bootstrap.mirror import DEBIAN_KEYRING, Archives
 from imagebuild.bootstrap.resolve import resolve_debs
 from imagebuild.bootstrap.rootfs import BOOTSTRAP_FORMAT, DPKG_EXCLUDES, bootstrap_locked, rootfs_path
@@ -128,18 +128,6 @@ def ensure_base_image(identity: BaseIdentity, base: DebianBase | ImageBase, engi
     progress(f"importing base {ref}")
     engine.import_rootfs(tar, ref, arch=identity.arch)
     return ref
-
-
-def base_moves(old: BaseIdentity, new: BaseIdentity) -> list[dict]:
-    """What moving the base changed: package, old -> new version, and the suite it now comes from."""
-    before, after = {d.name: d for d in old.debs}, {d.name: d for d in new.debs}
-    moves = []
-    for name in sorted(set(before) | set(after)):
-        was, now = before.get(name), after.get(name)
-        if was is None or now is None or was.version != now.version:
-            moves.append({"package": name, "old": was.version if was else None,
-                          "new": now.version if now else None, "suite": (now or was).suite})
-    return moves
 
 
 def pending_updates(identity: BaseIdentity, base: DebianBase, progress: Progress = quiet) -> list[dict]:

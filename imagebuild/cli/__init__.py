@@ -1,7 +1,8 @@
 """The `imagebuild` command: argument parsing, printing and exit codes over the stages' library API.
 
     app.py      the parser, the core commands (check, lock, render, build, smoke, patches), main()
-    cache.py, doctor.py, lxc.py, publish.py, repro.py   command groups, each beside the stage it drives
+    cache.py, doctor.py, lockdiff.py, lxc.py, publish.py, repro.py   command groups, each beside the stage it drives
+    examples.py the examples at the end of every --help
     options.py  options several commands take (--engine, its choices read from imagebuild.engine)
     output.py   printing: outside text kept literal, findings, reports, progress
 
