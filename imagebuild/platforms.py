@@ -19,17 +19,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from imagebuild import compat, pipeline
 from imagebuild.engine import BuildCache, Engine, default_engine, engine_names
 from imagebuild.engine.contract import split_ref
 from imagebuild.errors import ImagebuildError, LockError
-from imagebuild.lock import Lock, PlatformLocks, default_lock_path, ensure_fresh, read_locks
+from imagebuild.lock import Lock, PlatformLocks, default_lock_path, ensure_fresh, read_locks, resolve_lock
+from imagebuild.lock.diff import diff_lock_files
 from imagebuild.lock.lockfile import recipe_sha256
-from imagebuild.bootstrap import base_moves
-from imagebuild.common import host_arch
-from imagebuild.recipe.model import PlatformSpec, Recipe, load_recipe
+from imagebuild.bootstrap import base_moves, identify
+from imagebuild.common import Progress, host_arch, quiet, write_atomic
+from imagebuild.recipe.model import PlatformSpec, Recipe, load_recipe, parse_recipe
+from imagebuild.recipe.pins import set_pin
+from imagebuild.recipe.reader import read_source
 
-Progress = pipeline.Progress
 
 
 @dataclass
@@ -54,7 +58,7 @@ class PlatformsBuildReport:
 
 
 def lock(recipe_path: str | Path, *, lock_path: Path | None = None, upgrade_base: bool = False,
-         progress: Progress = pipeline.quiet) -> pipeline.LockReport:
+         progress: Progress = quiet) -> pipeline.LockReport:
     """One lock per platform, in one file; a package with no wheel for a platform stops the lock,
     naming the package and the platform."""
     recipe = load_recipe(recipe_path)
@@ -135,7 +139,7 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
           run_smoke: bool = True, ca: str | None = None, keep_failed: bool = False, gpus: bool | None = None,
           accept_unknown: bool = False,
           tag: str | None = None, rebuild: bool = False, registry=None, cache: BuildCache | None = None,
-          progress: Progress = pipeline.quiet):
+          progress: Progress = quiet):
     """Every platform's image, built, smoke-tested in its own container, and tagged NAME:TAG-<arch>;
     the image for this machine's own platform is also tagged NAME:TAG. An image built on a
     platform's own engine is copied back into the default one, so export-oci and push see them all.
@@ -198,3 +202,58 @@ def copy_image(source: Engine, target: Engine, ref: str, progress: Progress) -> 
     progress(f"copying {ref} from its builder into the local engine")
     with source.save(ref) as stream:
         target.load(lambda sink: shutil.copyfileobj(stream, sink, 1 << 20), f"{ref} from its builder")
+
+
+def upgrade_packages(recipe_path: str | Path, upgrades: list[tuple[str, str | None]], *,
+                     lock_path: Path | None = None, progress: Progress = quiet):
+    """`lock --upgrade-package`: each (name, version) pin moved in the recipe in place (version None: the
+    newest that resolves with the rest of the recipe, as uv picks it), then the recipe relocked. Returns
+    (LockReport, the lock diff, the pins moved: name, old, new). The recipe is written atomically, and
+    written back as it was when the relock fails, so a pin that does not resolve leaves nothing changed."""
+
+    recipe = load_recipe(recipe_path)
+    before = read_source(recipe.path)
+    path = Path(lock_path) if lock_path else default_lock_path(recipe)
+    old = pipeline.existing_locks(path)
+    text, moved = before, []
+    for name, version in upgrades:
+        was = _locked_version(old, name)
+        if version is None:
+            loose = parse_recipe(set_pin(text, recipe.path, name, None), recipe.path)
+            one = loose.for_platform(loose.platforms[0].arch) if loose.platforms else loose
+            progress(f"{name}: finding the newest release that resolves with the rest of {recipe.path.name}")
+            version = _locked_version({"": resolve_lock(one, one_base(one, old))}, name)
+        text = set_pin(text, recipe.path, name, version)
+        moved.append({"name": name, "old": was, "new": version})
+    if text != before:
+        write_atomic(recipe.path, text.encode("utf-8"))
+    try:
+        report = lock(recipe.path, lock_path=path, progress=progress)
+    except BaseException:
+        if text != before:
+            write_atomic(recipe.path, before.encode("utf-8"))
+        raise
+    diff = diff_lock_files(_as_locks(old), read_locks(path), f"{path} (before)", str(path)) if old else None
+    return report, diff, moved
+
+
+def _locked_version(locks: dict, name: str) -> str | None:
+    for lock in locks.values():
+        version = lock.packages.get(canonicalize_name(name))
+        if version:
+            return version
+    return None
+
+
+def one_base(recipe: Recipe, old: dict):
+    """The base a resolve of this platform targets: the locked one where there is a lock, else today's."""
+    arch = recipe.base.arch if hasattr(recipe.base, "arch") else None
+    locked = old.get(arch) if arch else next(iter(old.values()), None)
+    return identify(recipe.base, locked.base if locked is not None else None)
+
+
+def _as_locks(old: dict) -> Lock | PlatformLocks:
+    if len(old) == 1:
+        return next(iter(old.values()))
+    first = next(iter(old.values()))
+    return PlatformLocks(recipe=first.recipe, recipe_sha256=first.recipe_sha256, locks=dict(old))

@@ -44,6 +44,14 @@ def registry_ref(text: str) -> str:
     return text
 
 
+def upgrade_spec(text: str) -> tuple[str, str | None]:
+    from imagebuild.recipe.pins import parse_upgrade
+    try:
+        return parse_upgrade(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def image_ref(text: str) -> str:
     """--tag NAME:TAG, checked with the recipe's own rules for [image] name and tag."""
     problem = image_ref_problem(text)
@@ -89,6 +97,9 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
     cmd.add_argument("--upgrade-base", action="store_true",
                      help="move the Debian base to its suites' current state (security fixes included), "
                           "keeping every Python pin, and print what moved")
+    cmd.add_argument("--upgrade-package", action="append", default=[], type=upgrade_spec, metavar="NAME[==VERSION]",
+                     help="move this [python].requirements pin in the recipe in place (no version: the newest "
+                          "that resolves with the rest), relock, and print the lock diff (repeatable)")
 
     cmd = command("render", "write the Dockerfile and build context to inspect")
     cmd.add_argument("recipe", type=Path)
@@ -161,6 +172,26 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             out.print(line(report.recipe, f": {'ok' if report.ok else 'errors found'} "
                                           f"({len(report.findings)} finding(s))"))
         return EXIT_OK if report.ok else EXIT_FAILED
+
+    if args.command == "lock" and args.upgrade_package:
+        if args.upgrade_base:
+            raise ImagebuildError("--upgrade-package and --upgrade-base: move the pins and the base in two locks, "
+                                  "so each diff says what one move did")
+        with progress.spinning("moving pins"):
+            report, diff, moved = platforms.upgrade_packages(args.recipe, args.upgrade_package, lock_path=args.lock,
+                                                             progress=progress)
+        if args.json:
+            out.print_json(data={**report.to_dict(), "upgraded": moved, "diff": diff.to_dict() if diff else None})
+            return EXIT_OK
+        from imagebuild.cli.lockdiff import print_diff
+        print_findings(out, report.findings)
+        for pin in moved:
+            out.print(line(report.recipe, f": {pin['name']} {pin['old'] or '(not locked)'} -> {pin['new']}"))
+        if diff is not None:
+            print_diff(out, diff)
+        out.print(line(report.lock_path, f": {report.packages} wheels, "
+                                         f"{'written' if report.changed else 'unchanged'} in {report.seconds:.1f} s"))
+        return EXIT_OK
 
     if args.command == "lock":
         with progress.spinning("locking"):
