@@ -25,10 +25,10 @@ from imagebuild import compat, pipeline
 from imagebuild.engine import BuildCache, Engine, default_engine, engine_names
 from imagebuild.engine.contract import split_ref
 from imagebuild.errors import ImagebuildError, LockError
-from imagebuild.lock import Lock, PlatformLocks, default_lock_path, ensure_fresh, read_locks, resolve_lock
+from imagebuild.lock import Lock, PlatformLocks, default_lock_path, ensure_fresh, read_locks
 from imagebuild.lock.diff import diff_lock_files
 from imagebuild.lock.lockfile import recipe_sha256
-from imagebuild.bootstrap import base_moves, identify
+from imagebuild.bootstrap import base_moves
 from imagebuild.common import Progress, host_arch, quiet, write_atomic
 from imagebuild.recipe.model import PlatformSpec, Recipe, load_recipe, parse_recipe
 from imagebuild.recipe.pins import set_pin
@@ -217,12 +217,15 @@ def upgrade_packages(recipe_path: str | Path, upgrades: list[tuple[str, str | No
     old = pipeline.existing_locks(path)
     text, moved = before, []
     for name, version in upgrades:
-        was = _locked_version(old, name)
+        name = canonicalize_name(name)
+        was = next((lock.packages[name] for lock in old.values() if name in lock.packages), None)
         if version is None:
             loose = parse_recipe(set_pin(text, recipe.path, name, None), recipe.path)
-            one = loose.for_platform(loose.platforms[0].arch) if loose.platforms else loose
+            arch = loose.platforms[0].arch if loose.platforms else getattr(loose.base, "arch", "amd64")
             progress(f"{name}: finding the newest release that resolves with the rest of {recipe.path.name}")
-            version = _locked_version({"": resolve_lock(one, one_base(one, old))}, name)
+            found, _ = pipeline.resolved(loose.for_platform(arch) if loose.platforms else loose, progress,
+                                         old=old.get(arch))
+            version = found.packages[name]
         text = set_pin(text, recipe.path, name, version)
         moved.append({"name": name, "old": was, "new": version})
     if text != before:
@@ -233,27 +236,5 @@ def upgrade_packages(recipe_path: str | Path, upgrades: list[tuple[str, str | No
         if text != before:
             write_atomic(recipe.path, before.encode("utf-8"))
         raise
-    diff = diff_lock_files(_as_locks(old), read_locks(path), f"{path} (before)", str(path)) if old else None
+    diff = diff_lock_files(old, pipeline.existing_locks(path), f"{path} (before)", str(path)) if old else None
     return report, diff, moved
-
-
-def _locked_version(locks: dict, name: str) -> str | None:
-    for lock in locks.values():
-        version = lock.packages.get(canonicalize_name(name))
-        if version:
-            return version
-    return None
-
-
-def one_base(recipe: Recipe, old: dict):
-    """The base a resolve of this platform targets: the locked one where there is a lock, else today's."""
-    arch = recipe.base.arch if hasattr(recipe.base, "arch") else None
-    locked = old.get(arch) if arch else next(iter(old.values()), None)
-    return identify(recipe.base, locked.base if locked is not None else None)
-
-
-def _as_locks(old: dict) -> Lock | PlatformLocks:
-    if len(old) == 1:
-        return next(iter(old.values()))
-    first = next(iter(old.values()))
-    return PlatformLocks(recipe=first.recipe, recipe_sha256=first.recipe_sha256, locks=dict(old))

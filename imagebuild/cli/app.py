@@ -189,8 +189,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             out.print(line(report.recipe, f": {pin['name']} {pin['old'] or '(not locked)'} -> {pin['new']}"))
         if diff is not None:
             print_diff(out, diff)
-        out.print(line(report.lock_path, f": {report.packages} wheels, "
-                                         f"{'written' if report.changed else 'unchanged'} in {report.seconds:.1f} s"))
+        print_lock_summary(out, report)
         return EXIT_OK
 
     if args.command == "lock":
@@ -204,8 +203,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             print_base_moves(out, report.base_moves, asked=args.upgrade_base)
             for name, entry in (report.platforms or {}).items():
                 out.print(line(f"  {name}: {entry['packages']} wheels for ", entry["python_platform"]))
-            out.print(line(report.lock_path, f": {report.packages} wheels, "
-                                             f"{'written' if report.changed else 'unchanged'} in {report.seconds:.1f} s"))
+            print_lock_summary(out, report)
         return EXIT_OK
 
     if args.command == "render":
@@ -267,6 +265,11 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             out.print(line(args.image, f": smoke {'passed' if report.ok else 'FAILED'}"))
         return EXIT_OK if report.ok else EXIT_FAILED
     raise AssertionError(args.command)
+
+
+def print_lock_summary(out, report) -> None:
+    out.print(line(report.lock_path, f": {report.packages} wheels, "
+                                     f"{'written' if report.changed else 'unchanged'} in {report.seconds:.1f} s"))
 
 
 def print_build(out, report) -> None:

@@ -34,7 +34,7 @@ class LockDiff:
     moved: list[dict] = field(default_factory=list)  # name, old, new, layer
     added: list[dict] = field(default_factory=list)  # name, version, layer
     removed: list[dict] = field(default_factory=list)  # name, version, layer
-    rehashed: list[dict] = field(default_factory=list)  # same version, another wheel: name, version, old, new
+    rehashed: list[dict] = field(default_factory=list)  # same version, another wheel: name, version, layer, old, new
     cuda: list[dict] = field(default_factory=list)  # key, old, new
     base: list[dict] = field(default_factory=list)  # package, old, new, suite
     base_changed: bool = False  # the base layer is another (its rootfs, image or interpreter)
@@ -42,6 +42,11 @@ class LockDiff:
     imagebuild: list[dict] = field(default_factory=list)  # template / payload checksum: key, old, new
     rebuilds: list[dict] = field(default_factory=list)  # step, rebuilds, why
     kernels: dict = field(default_factory=dict)  # recompile: all|sglang|maybe|none, why
+
+    @property
+    def wheel_changes(self) -> list[dict]:
+        """Every wheel entry that moved, came, went or was re-hashed (each has name and layer)."""
+        return [*self.moved, *self.added, *self.removed, *self.rehashed]
 
     @property
     def changed(self) -> bool:
@@ -75,11 +80,15 @@ class LocksDiff:
                 "added_platforms": self.added_platforms, "removed_platforms": self.removed_platforms}
 
 
-def per_platform(locks: Lock | PlatformLocks) -> dict[str, Lock]:
+def per_platform(locks: Lock | PlatformLocks | dict[str, Lock]) -> dict[str, Lock]:
+    """A lock file's locks by platform (a dict of them is taken as it is)."""
+    if isinstance(locks, dict):
+        return locks
     return dict(locks.locks) if isinstance(locks, PlatformLocks) else {locks.base.arch: locks}
 
 
-def diff_lock_files(old: Lock | PlatformLocks, new: Lock | PlatformLocks, old_name: str, new_name: str) -> LocksDiff:
+def diff_lock_files(old: Lock | PlatformLocks | dict[str, Lock], new: Lock | PlatformLocks | dict[str, Lock],
+                    old_name: str, new_name: str) -> LocksDiff:
     before, after = per_platform(old), per_platform(new)
     return LocksDiff(old_name, new_name, [diff_locks(before[arch], after[arch]) for arch in sorted(set(before) & set(after))],
                      sorted(set(after) - set(before)), sorted(set(before) - set(after)))
@@ -97,7 +106,8 @@ def diff_locks(old: Lock, new: Lock) -> LockDiff:
         elif was.version != now.version:
             diff.moved.append({"name": name, "old": was.version, "new": now.version, "layer": now.layer})
         elif (was.filename, was.sha256) != (now.filename, now.sha256):
-            diff.rehashed.append({"name": name, "version": now.version, "old": was.filename, "new": now.filename})
+            diff.rehashed.append({"name": name, "version": now.version, "layer": now.layer,
+                                  "old": was.filename, "new": now.filename})
     for key in sorted(set(old.cuda) | set(new.cuda)):
         if old.cuda.get(key) != new.cuda.get(key):
             diff.cuda.append({"key": key, "old": old.cuda.get(key), "new": new.cuda.get(key)})
@@ -122,9 +132,8 @@ def diff_locks(old: Lock, new: Lock) -> LockDiff:
 
 def _names_by_layer(diff: LockDiff) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
-    for entry in (*diff.moved, *diff.added, *diff.removed, *diff.rehashed):
-        layer = entry.get("layer") or "?"
-        found.setdefault(layer, []).append(entry["name"])
+    for entry in diff.wheel_changes:
+        found.setdefault(entry["layer"], []).append(entry["name"])
     return found
 
 
@@ -175,14 +184,12 @@ def kernels(diff: LockDiff) -> dict:
     archs or toolkit), SGLang's when only SGLang moved, maybe when imagebuild's in-image code changed
     (its compile shim is in every key); else none (the step may rerun and takes every kernel from the
     kernel cache)."""
-    wide = [e["name"] for e in (*diff.moved, *diff.added, *diff.removed, *diff.rehashed)
-            if e["name"].startswith(HEADER_DISTRIBUTIONS)]
+    wide = [e["name"] for e in diff.wheel_changes if e["name"].startswith(HEADER_DISTRIBUTIONS)]
     wide += [m["package"] for m in diff.base if m["package"].startswith(TOOLCHAIN_DEBS)]
     wide += [f"[cuda] {c['key']}" for c in diff.cuda if c["key"] in ("archs", "toolkit")]
     if wide:
         return {"recompile": "all", "why": f"their key's build-wide half moved: {', '.join(wide)}"}
-    sglang = [e["name"] for e in (*diff.moved, *diff.added, *diff.removed, *diff.rehashed)
-              if e["name"] in SGLANG_DISTRIBUTIONS]
+    sglang = [e["name"] for e in diff.wheel_changes if e["name"] in SGLANG_DISTRIBUTIONS]
     if sglang:
         return {"recompile": "sglang", "why": f"{', '.join(sglang)} moved: SGLang's kernels are keyed by its release"}
     if any(e["key"] == "payload_sha256" for e in diff.imagebuild):

@@ -66,8 +66,9 @@ def pinned(requirement: str, version: str | None) -> str:
 
 def _literals(text: str, value: str) -> list[tuple[int, int]]:
     """Where `value` is written as a TOML string (basic or literal) in text: (start, end) of each."""
+    forms = [json.dumps(value, ensure_ascii=False)] + ([f"'{value}'"] if "'" not in value else [])
     found = []
-    for written in {json.dumps(value, ensure_ascii=False), f"'{value}'" if "'" not in value else None} - {None}:
+    for written in forms:
         start = text.find(written)
         while start != -1:
             found.append((start, start + len(written)))
