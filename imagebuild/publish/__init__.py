@@ -4,9 +4,6 @@
     registry.py         push an OCI layout over the distribution protocol (skip, mount, chunked upload)
     registry_client.py  one session with a registry: TLS, retries, the auth handshake
     registry_auth.py    credentials (environment, docker config, helpers) and the challenge parser
-    by_lock.py          build by lock: the image pushed for a lock found by one HEAD, tagged, pushed with its lock tag
-    build_cache.py      a build pushed with BuildKit's inline cache metadata, for the next runner's --cache-from
-    kernel_layer.py     the [aot] layer of such an image read back as kernel cache entries (a fresh runner's seed)
     lxc.py              an image as an LXC rootfs template (tar.zst) or an OCI archive for pct
     rootfs_filter.py    what an LXC template keeps of an image's filesystem, and its init
     lxc_gpu.py          NVIDIA passthrough lines for a container config; no libcuda in the image
