@@ -30,8 +30,8 @@ from imagebuild.publish.build_cache import push_build_cache
 from imagebuild.publish.kernel_layer import read_kernel_layer
 from imagebuild.publish.by_lock import RegistryTarget, push_by_lock, reuse_by_lock
 from imagebuild.recipe.model import DebianBase, Recipe, load_recipe
+from imagebuild.render.paths import PROBE_COMMAND
 
-PROBE_COMMAND = ("python", "/opt/imagebuild/probe.pyz", "--expect", "/opt/imagebuild/expect.json")
 # Where users behind a TLS-intercepting proxy keep the roots that proxy signs with (Debian's path).
 # FlashInfer JIT-compiles on first use where a GPU is visible (tier 4): give the probe time.
 SMOKE_TIMEOUT_S = 1800

@@ -31,7 +31,7 @@ ALLOWED = {
     "engine": LOW,
     "base": LOW,
     "built": LOW,
-    "caches": LOW,
+    "caches": LOW | {"render"},
     "kernels": LOW | {"payload"},
     "bootstrap": LOW | {"base", "engine", "recipe"},
     "lock": LOW | {"base", "knowledge", "payload", "recipe"},

@@ -1,7 +1,8 @@
-"""Render: a Lock (plus the recipe's env and labels) -> Dockerfile.j2 -> a build context on disk.
+"""A Lock (plus the recipe's env and labels) -> Dockerfile.j2 -> a build context on disk.
 
-All decisions are made here as plain values (layers, links, env, labels); the template only lays
-them out. Nothing is resolved inside the build: each layer installs hashed pins with --no-deps.
+All decisions are made here as plain values (layers, links, env, labels, the in-image paths of paths.py
+and each step's marker of markers.py); the template only lays them out. Nothing is resolved inside the
+build: each layer installs hashed pins with --no-deps.
 """
 
 from __future__ import annotations
@@ -10,29 +11,25 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import jinja2
 from packaging.version import Version
 
 from imagebuild import __version__, payload
 from imagebuild.errors import RecipeError
 from imagebuild.lock import Lock, template_path
-from imagebuild.payload.probe import bundle, findings_kernels, kernel_cache
+from imagebuild.payload.probe import bundle
 from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.model import Recipe
+from imagebuild.render import paths
+from imagebuild.render.paths import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, SGLANG_JIT_CACHE, VENV
 
-VENV = "/opt/venv"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PATCHER_SOURCE = payload.PATCHER
 PRUNER_SOURCE = payload.PRUNER
 AOT_SOURCES = tuple(Path(bundle.SOURCE) / name  # the build step's script and what it runs with
                     for name in ("kernels_aot.py", "kernel_cache.py", "waste.py", "deterministic_pid.c"))
-KERNEL_CACHE_ID = kernel_cache.MOUNT_ID  # the BuildKit cache mount the [aot] step keeps compiled kernels in
-KERNEL_CACHE_DIR = kernel_cache.MOUNT_DIR
-AOT_MANIFEST = findings_kernels.KERNEL_MANIFEST  # where the [aot] step writes its manifest
-SGLANG_JIT_CACHE = "/var/cache/sglang/jit"
 LABEL_PREFIX = "io.imagebuild"
 
 
@@ -78,6 +75,7 @@ class RenderValues:
     labels: dict[str, str]
     expect: dict
     aot: dict | None = None  # the [aot] build step's values; None: no step
+    paths: dict[str, str] = field(default_factory=paths.template_values)  # the in-image paths, by name
 
 
 def site_packages(lock: Lock) -> str:
@@ -260,7 +258,8 @@ def assignments(pairs: dict[str, str]) -> str:
         for key, value in pairs.items())
 
 
-def _environment() -> jinja2.Environment:
+def _environment():
+    import jinja2  # only the commands that render pay for it
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_path().parent)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
                              autoescape=False)
@@ -287,9 +286,10 @@ def render_context(lock: Lock, recipe: Recipe, out_dir: Path, *, uv_path: str | 
             (staging / "requirements" / layer.file).write_text("\n".join(layer.lines) + "\n")
         meta = staging / "imagebuild"
         meta.mkdir()
-        bundle.write_zipapp(meta / "probe.pyz")
-        (meta / "expect.json").write_text(json.dumps(values.expect, indent=2, sort_keys=True) + "\n")
-        (meta / "lock.json").write_text(lock_text if lock_text is not None else lock.to_json())
+        # Copied into paths.ROOT under the same names.
+        bundle.write_zipapp(meta / Path(paths.PROBE).name)
+        (meta / Path(paths.EXPECT).name).write_text(json.dumps(values.expect, indent=2, sort_keys=True) + "\n")
+        (meta / Path(paths.LOCK).name).write_text(lock_text if lock_text is not None else lock.to_json())
         if any(layer.prune for layer in values.layers):
             # Bind-mounted into the install steps, never copied into a layer.
             (staging / "prune").mkdir()
