@@ -22,7 +22,7 @@ from imagebuild.lock import Lock, template_path
 from imagebuild.payload.probe import bundle
 from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.model import Recipe
-from imagebuild.render import paths
+from imagebuild.render import markers, paths
 from imagebuild.render.paths import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, SGLANG_JIT_CACHE, VENV
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -57,6 +57,29 @@ class LayerValues:
     def prune_file(self) -> str:
         return self.file.replace(".txt", ".json")
 
+    @property
+    def marker(self) -> str:
+        """The install step's marker: the layer, and whether [[prune]] runs in that step too."""
+        return markers.marker(markers.INSTALL, layer=self.name, **({"prune": "yes"} if self.prune else {}))
+
+    @property
+    def links_marker(self) -> str:
+        return markers.marker(markers.LINKS, layer=self.name)
+
+
+@dataclass(frozen=True)
+class PatchValues:
+    """One locked [[patches]] entry as its step applies it."""
+
+    package: str
+    file: str  # in the context's patches/ and in paths.PATCHES
+    sha256: str
+    strip: int
+
+    @property
+    def marker(self) -> str:
+        return markers.marker(markers.PATCH, package=self.package, file=self.file)
+
 
 @dataclass(frozen=True)
 class RenderValues:
@@ -71,10 +94,11 @@ class RenderValues:
     env_base: dict[str, str]
     env_recipe: dict[str, str]
     layers: tuple[LayerValues, ...]
-    patches: tuple
+    patches: tuple[PatchValues, ...]
     labels: dict[str, str]
     expect: dict
     aot: dict | None = None  # the [aot] build step's values; None: no step
+    venv_marker: str = markers.marker(markers.VENV)
     paths: dict[str, str] = field(default_factory=paths.template_values)  # the in-image paths, by name
 
 
@@ -205,7 +229,7 @@ def aot_values(lock: Lock, recipe: Recipe) -> dict | None:
         raise RecipeError(recipe.path, "[aot] compiles kernels, but the lock installs no nvcc (CUDA 13 pip wheels)",
                           key="aot", hint='add "cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]" to [python] requirements')
     return {"arch_list": aot.arch_list, "manifest": AOT_MANIFEST, "spec": aot.to_json(),
-            "cache_id": KERNEL_CACHE_ID, "cache_dir": KERNEL_CACHE_DIR,
+            "marker": markers.marker(markers.AOT), "cache_id": KERNEL_CACHE_ID, "cache_dir": KERNEL_CACHE_DIR,
             "shapes": ", ".join(shape.name for shape in aot.shapes)}
 
 
@@ -239,7 +263,8 @@ def render_values(lock: Lock, recipe: Recipe) -> RenderValues:
         python_path=lock.base.python_path, venv=VENV, site_packages=site_packages(lock),
         env_base=base_env(lock), env_recipe=dict(recipe.env) | aot_env(recipe),
         layers=layer_values(lock, prune_specs(lock, recipe)),
-        patches=lock.patches, labels=labels(lock, recipe),
+        patches=tuple(PatchValues(p.package, p.file, p.sha256, p.strip) for p in lock.patches),
+        labels=labels(lock, recipe),
         expect=expectations(lock, recipe.smoke.imports, aot), aot=aot)
 
 
