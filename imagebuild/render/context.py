@@ -17,9 +17,10 @@ from pathlib import Path
 from packaging.version import Version
 
 from imagebuild import __version__, payload
-from imagebuild.errors import RecipeError
+from imagebuild.errors import LockError, RecipeError
 from imagebuild.lock import Lock, template_path
 from imagebuild.payload.probe import bundle
+from imagebuild.payload.probe.expect import validate_expect
 from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.model import Recipe
 from imagebuild.render import markers, paths
@@ -234,7 +235,8 @@ def aot_values(lock: Lock, recipe: Recipe) -> dict | None:
 
 
 def expectations(lock: Lock, imports: tuple[str, ...] = (), aot: dict | None = None) -> dict:
-    """What the in-image probe checks the image against (imagebuild/payload/probe/expect.py reads this file)."""
+    """What the in-image probe checks the image against: expect.json, checked against the payload's own
+    schema (imagebuild/payload/probe/expect.py SCHEMA) as written, every key and no other."""
     home = cuda_home(lock)
     summary = {key: value for key, value in (lock.cuda or {}).items() if key not in ("nvcc", "deep_gemm")}
     cuda = dict(summary, home=home) if summary and home else None
@@ -242,14 +244,18 @@ def expectations(lock: Lock, imports: tuple[str, ...] = (), aot: dict | None = N
         cuda["toolchain"] = [name for name in cuda["toolchain"] if name in lock.packages]
     deep_gemm = bool((lock.cuda or {}).get("deep_gemm"))  # a locked wheel installs a deep_gemm package
     has_torch = "torch" in lock.packages
-    return {"python": {"executable": f"{VENV}/bin/python", "version": lock.base.python},
-            "packages": lock.packages, "cuda": cuda,
-            "deep_gemm": {"compile": bool(cuda and deep_gemm)},
-            "imports": list(imports),
-            "torch_cuda": lock.cuda.get("toolkit") if has_torch and lock.cuda else None,
-            "flashinfer_dynamo": has_torch and "flashinfer-python" in lock.packages,
-            "patches": [{"package": p.package, "sha256": p.sha256} for p in lock.patches],
-            "aot": dict(aot["spec"], manifest=aot["manifest"]) if aot else None}
+    document = {"python": {"executable": f"{VENV}/bin/python", "version": lock.base.python},
+                "packages": lock.packages, "cuda": cuda,
+                "deep_gemm": {"compile": bool(cuda and deep_gemm)},
+                "imports": list(imports),
+                "torch_cuda": lock.cuda.get("toolkit") if has_torch and lock.cuda else None,
+                "flashinfer_dynamo": has_torch and "flashinfer-python" in lock.packages,
+                "patches": [{"package": p.package, "sha256": p.sha256} for p in lock.patches],
+                "aot": dict(aot["spec"], manifest=aot["manifest"]) if aot else None}
+    _, problems = validate_expect(document, strict=True)
+    if problems:  # the lock holds what the probe cannot read: say so here, not in a built image's smoke test
+        raise LockError(f"the lock of {lock.recipe} makes an expect.json the probe refuses: " + "; ".join(problems))
+    return document
 
 
 def render_values(lock: Lock, recipe: Recipe) -> RenderValues:
