@@ -3,7 +3,8 @@
 - payload/ (copied into images, run on the image's own Python) imports only the standard library
   and itself;
 - each stage imports only the stages below it (ALLOWED); nothing outside cli/ imports cli/;
-- no import cycle between modules, nor between stages.
+- no import cycle between modules, nor between stages;
+- only render/ (paths.py) and payload/ write an in-image path (/opt/imagebuild/...).
 
 Every import counts, those inside functions included: a lazy import is still a dependency.
 """
@@ -30,7 +31,7 @@ ALLOWED = {
     "compat": LOW | {"knowledge", "recipe"},
     "engine": LOW,
     "base": LOW,
-    "caches": LOW,
+    "caches": LOW | {"render"},
     "bootstrap": LOW | {"base", "engine", "recipe"},
     "lock": LOW | {"base", "knowledge", "payload", "recipe"},
     "render": LOW | {"lock", "payload", "recipe"},
@@ -216,6 +217,24 @@ def engine_violations(root: Path = PACKAGE) -> list[str]:
     return bad
 
 
+# The in-image paths: render/paths.py names them (Dockerfile.j2 gets them as values); the payload, standard
+# library only, keeps its own copies of the few it reads at run time. `opt/imagebuild` catches a tar member too.
+IN_IMAGE = "opt/imagebuild"
+PATH_OWNERS = ("render", "payload")
+
+
+def in_image_path_violations(root: Path = PACKAGE) -> list[str]:
+    """Outside render/ and payload/, a file of the package (code, comment, template) writing an in-image path."""
+    bad = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix not in (".pyc", ".so")):
+        if path.relative_to(root).parts[0] in PATH_OWNERS:
+            continue
+        for number, text in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if IN_IMAGE in text:
+                bad.append(f"{path.relative_to(root.parent)}:{number} writes {IN_IMAGE}")
+    return bad
+
+
 # ---------------------------------------------------------------- the package as it is
 
 def test_payload_imports_only_the_standard_library_and_itself():
@@ -251,6 +270,11 @@ def test_recipe_and_knowledge_import_no_engine_registry_or_cli_code():
 def test_nothing_outside_engine_names_an_engine():
     assert len(engine_registry()) >= 2  # the registry was read: an empty one would pass anything
     assert engine_violations() == []
+
+
+def test_only_render_and_the_payload_write_an_in_image_path():
+    assert (PACKAGE / "render" / "paths.py").read_text().count(f'"/{IN_IMAGE}"') == 1  # the rule reads a real tree
+    assert in_image_path_violations() == []
 
 
 def test_no_import_cycle_between_modules():
@@ -349,3 +373,22 @@ def test_the_registry_and_the_contract_name_no_engine(tmp_path):
                                             "def f(name=DEFAULT_ENGINE):\n    return default_engine(name).at('ssh://x')\n"
                                             "HELP = 'run docker login first'\n"})
     assert engine_violations(root) == []
+
+
+def test_an_in_image_path_written_outside_render_is_reported(tmp_path):
+    root = _tree(tmp_path, {"render/paths.py": 'LOCK = "/opt/imagebuild/lock.json"\n',
+                            "payload/probe/findings_kernels.py": 'MANIFEST = "/opt/imagebuild/aot-manifest.json"\n',
+                            "pipeline.py": 'from imagebuild.render.paths import LOCK\n'
+                                           'PROBE = ("python", "/opt/imagebuild/probe.pyz")\n',
+                            "cli/repro.py": 'MEMBER = "opt/imagebuild/lock.json"  # a tar member\n'})
+    (root / "seed.Dockerfile.j2").write_text("FROM x\nCOPY a /opt/imagebuild/a\n")
+    assert in_image_path_violations(root) == ["imagebuild/cli/repro.py:1 writes opt/imagebuild",
+                                              "imagebuild/pipeline.py:2 writes opt/imagebuild",
+                                              "imagebuild/seed.Dockerfile.j2:2 writes opt/imagebuild"]
+
+
+def test_in_image_paths_read_from_render_pass(tmp_path):
+    root = _tree(tmp_path, {"render/paths.py": 'ROOT = "/opt/imagebuild"\n',
+                            "pipeline.py": "from imagebuild.render.paths import PROBE_COMMAND\n"
+                                           "HELP = 'the image carries /opt/venv and its lock'\n"})
+    assert in_image_path_violations(root) == []

@@ -7,7 +7,7 @@ Each check is a small function returning a plain dict.
 
     report.py         statuses, the check / finding / report dicts
     system.py         readers of the running system, and the text helpers they share
-    expect.py         expect.json, the renderer's promise the checks hold the image to
+    expect.py         expect.json's schema (SCHEMA), the renderer's promise the checks hold the image to
     toolchain.py      checks: interpreter, packages, cuda-toolchain, cuda-home
     deep_gemm.py      check: deep-gemm-sm120 (kernels compiled the way deep_gemm's JIT would)
       deep_gemm_release.py  what the installed release compiles: kernel headers, template parameters, flags
