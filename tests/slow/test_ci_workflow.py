@@ -31,16 +31,7 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 pytestmark = pytest.mark.engine
 
 
-def workflow_steps() -> dict[str, dict]:
-    workflow = YAML(typ="safe").load(WORKFLOW.read_text())
-    return {step.get("name", step.get("uses")): step for step in workflow["jobs"]["image"]["steps"]}
-
-
-def test_the_steps_run_here_are_plain_shell_with_no_github_expressions():
-    """What the run test executes is exactly what GitHub executes: no ${{ }} inside the scripts."""
-    steps = workflow_steps()
-    for name in STEPS:
-        assert "${{" not in steps[name]["run"], name
+from tests.flows.test_ci_workflow import workflow_steps
 
 
 @pytest.fixture
