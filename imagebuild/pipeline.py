@@ -1,6 +1,6 @@
 """The pipeline as a library API: check, lock, render, build, smoke. The CLI is a thin layer over these.
 
-    recipe ─compat─▶ findings ─bases + lock─▶ Lock ─render─▶ context ─engine.build─▶ image ─smoke─▶ tag
+    recipe ─rules─▶ findings ─bases + lock─▶ Lock ─render─▶ context ─engine.build─▶ image ─smoke─▶ tag
 
 Each function takes plain values and returns a report with `to_dict()` for `--json`.
 """
@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from imagebuild import built, compat
+from imagebuild import built
 from imagebuild.base.identity import BaseIdentity
 from imagebuild.bootstrap import base_moves, ensure_base_image, identify, pending_updates
 from imagebuild.common import Progress, cache_dir, host_arch, quiet
@@ -24,6 +24,8 @@ from imagebuild.engine.contract import split_ref
 from imagebuild.errors import BuildFailed, FindingsFailed, ImagebuildError, LockError, RecipeError, SmokeFailed
 from imagebuild.kernels import KernelStepWatch, seed_engine
 from imagebuild.kernels import summary as kernel_summary
+from imagebuild.knowledge import Finding, has_errors, rules
+from imagebuild.knowledge.facts import debian_suite
 from imagebuild.lock import (Lock, PlatformLocks, default_lock_path, ensure_fresh, read_lock, read_locks, resolve_lock,
                              stale_reasons, uv_binary_for, write_locks)
 from imagebuild.publish.build_cache import push_build_cache
@@ -45,7 +47,7 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        return not compat.has_errors(self.findings)
+        return not has_errors(self.findings)
 
     def to_dict(self) -> dict:
         return {"recipe": self.recipe, "ok": self.ok,
@@ -115,7 +117,7 @@ class BuildReport:
 def base_glibc(recipe: Recipe) -> str:
     """The base's glibc without bootstrapping it: from the suite's facts or the recipe."""
     if isinstance(recipe.base, DebianBase):
-        return compat.debian_suite(recipe.base.suite).glibc
+        return debian_suite(recipe.base.suite).glibc
     return recipe.base.glibc
 
 
@@ -123,12 +125,12 @@ def check(recipe_path: str | Path, *, lock_path: Path | None = None, progress: P
     """The rules knowable before resolving; with a lock beside the recipe, whether it is fresh, its
     patches against the locked wheels, and the base's packages that its suites have updated since."""
     recipe = load_recipe(recipe_path)
-    findings = compat.check_recipe(recipe, base_glibc(recipe))
+    findings = rules.check_recipe(recipe, base_glibc(recipe))
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     if not path.is_file():
-        findings.append(compat.Finding("note", "lock-missing", f"{path} does not exist yet",
-                                       "no lock beside the recipe", f"`imagebuild lock {recipe.path}` writes it",
-                                       "imagebuild"))
+        findings.append(Finding("note", "lock-missing", f"{path} does not exist yet",
+                                "no lock beside the recipe", f"`imagebuild lock {recipe.path}` writes it",
+                                "imagebuild"))
         return CheckReport(str(recipe.path), located(recipe, findings))
     locks = read_locks(path)
     for arch, one in ({None: locks} if isinstance(locks, Lock) else locks.locks).items():
@@ -142,11 +144,11 @@ def lock_findings(recipe: Recipe, locked: Lock, path: Path, progress: Progress =
     where = f"linux/{locked.base.arch}: " if recipe.platforms or locked.base.arch != host_arch() else ""
     reasons = stale_reasons(locked, recipe)
     if reasons:
-        findings = [compat.Finding("warning", "lock-stale", f"{where}{path} is stale", "; ".join(reasons),
-                                   f"`imagebuild lock {recipe.path}` refreshes it", "imagebuild")]
+        findings = [Finding("warning", "lock-stale", f"{where}{path} is stale", "; ".join(reasons),
+                            f"`imagebuild lock {recipe.path}` refreshes it", "imagebuild")]
     else:
-        findings = [compat.Finding("note", "lock-fresh", f"{where}{path} is fresh for {recipe.path.name}",
-                                   f"lock sha256 {locked.sha256}", "nothing to do", "imagebuild")]
+        findings = [Finding("note", "lock-fresh", f"{where}{path} is fresh for {recipe.path.name}",
+                            f"lock sha256 {locked.sha256}", "nothing to do", "imagebuild")]
     if recipe.patches:
         findings += patch_findings(recipe, locked)
     if isinstance(recipe.base, DebianBase) and locked.base.kind == "debian":
@@ -159,14 +161,14 @@ def base_update_findings(recipe: Recipe, locked: BaseIdentity, where: str = "", 
     try:
         waiting = pending_updates(locked, recipe.base, progress)
     except ImagebuildError as err:
-        return [compat.Finding("warning", "base-updates-unknown", f"{where}could not read the base's suites to "
-                               "look for updates", str(err), "check again when the mirror answers", "imagebuild",
-                               key="base")]
+        return [Finding("warning", "base-updates-unknown", f"{where}could not read the base's suites to "
+                        "look for updates", str(err), "check again when the mirror answers", "imagebuild",
+                        key="base")]
     findings = []
     for suite in sorted({item["suite"] for item in waiting}):
         items = [item for item in waiting if item["suite"] == suite]
         kind = "security fixes waiting" if suite.endswith("-security") else "updates waiting"
-        findings.append(compat.Finding(
+        findings.append(Finding(
             "warning", "base-updates", f"{where}{suite} has newer versions of {len(items)} locked base "
             f"package(s) ({kind}): {', '.join(item['package'] for item in items)}",
             "; ".join(f"{item['package']} {item['locked']} -> {item['newest']}" for item in items),
@@ -176,22 +178,22 @@ def base_update_findings(recipe: Recipe, locked: BaseIdentity, where: str = "", 
 
 
 def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = quiet) -> tuple[list, dict]:
-    """What the locked wheels say of themselves (lock/artifacts.py), judged by compat.check_artifacts;
+    """What the locked wheels say of themselves (lock/artifacts.py), judged by rules.check_artifacts;
     and where their RECORDs put nvcc and deep_gemm (Artifacts.layout), for the lock's cuda facts."""
     from imagebuild.lock.artifacts import read_artifacts
     artifacts = read_artifacts(locked.wheels, cache_dir() / "wheel-files", progress)
     requirements = {name: found for name in artifacts.wheels if name != "torch"
                     for found in [artifacts.requires_of(name, "torch")] if found}
-    findings = compat.check_artifacts(
+    findings = rules.check_artifacts(
         recipe.cuda.toolkit if recipe.cuda else None, locked.packages, torch_cuda=artifacts.torch_cuda(),
         nvcc=artifacts.nvcc_carriers(), torch_requirements=requirements,
         overlaps=artifacts.overlaps((w.name for w in locked.wheels),
                                     removed={e.package: e.remove for e in recipe.prune}),
         cuda12=artifacts.cuda12_builds())
     for name, why in sorted(artifacts.unread.items()):
-        findings.append(compat.Finding("warning", "wheel-unread", f"the file list of {name} could not be read, "
-                                       "so it was not checked for overlaps or CUDA builds", why,
-                                       "relock when the index answers", compat.ARTIFACT_SOURCE))
+        findings.append(Finding("warning", "wheel-unread", f"the file list of {name} could not be read, "
+                                "so it was not checked for overlaps or CUDA builds", why,
+                                "relock when the index answers", rules.ARTIFACT_SOURCE))
     return findings, artifacts.layout()
 
 
@@ -204,7 +206,7 @@ def patch_findings(recipe: Recipe, locked: Lock) -> list:
     for result in check_locked_patches(recipe, locked):
         if result.applies:
             continue
-        findings.append(compat.Finding(
+        findings.append(Finding(
             "error", "patch-does-not-apply",
             f"the patch {result.patch} does not apply to {result.package} {result.checked}: "
             + "; ".join(result.problems),
@@ -238,7 +240,7 @@ def merged(before: list, after: list) -> list:
 
 
 def stop_on_errors(findings: list, recipe: Recipe | None = None) -> None:
-    if compat.has_errors(findings):
+    if has_errors(findings):
         raise FindingsFailed(located(recipe, findings) if recipe is not None else findings)
 
 
@@ -252,7 +254,7 @@ def lock(recipe_path: str | Path, *, lock_path: Path | None = None, upgrade_base
     started = time.monotonic()
     recipe = load_recipe(recipe_path)
     single_platform(recipe)
-    findings = compat.check_recipe(recipe, base_glibc(recipe))
+    findings = rules.check_recipe(recipe, base_glibc(recipe))
     stop_on_errors(findings, recipe)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     old = existing_locks(path).get(recipe.base.arch if isinstance(recipe.base, DebianBase) else "amd64")
@@ -295,7 +297,7 @@ def resolved(recipe: Recipe, progress: Progress = quiet, *, old: Lock | None = N
     progress(f"resolving {len(recipe.python.requirements)} requirements for Python {base.python} "
              f"on {base.uv_platform}")
     new = resolve_lock(recipe, base)
-    findings = compat.check_resolved(recipe, new.packages, base.glibc)
+    findings = rules.check_resolved(recipe, new.packages, base.glibc)
     found, layout = artifact_findings(recipe, new, progress)
     if layout:
         new = replace(new, cuda={**new.cuda, **layout})
@@ -453,11 +455,11 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
     clock = time.monotonic()
     recipe = load_recipe(recipe_path)
     single_platform(recipe)
-    findings = compat.check_recipe(recipe, base_glibc(recipe))
+    findings = rules.check_recipe(recipe, base_glibc(recipe))
     stop_on_errors(findings, recipe)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     current = _fresh_lock(recipe, path, relock, progress)
-    findings = merged(findings, compat.check_resolved(recipe, current.packages, current.base.glibc))
+    findings = merged(findings, rules.check_resolved(recipe, current.packages, current.base.glibc))
     if recipe.patches and not relock:  # a relock has just checked them
         findings += patch_findings(recipe, current)
     stop_on_errors(findings, recipe)

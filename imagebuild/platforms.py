@@ -21,10 +21,11 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from imagebuild import compat, pipeline
+from imagebuild import pipeline
 from imagebuild.engine import BuildCache, Engine, default_engine, engine_names
 from imagebuild.engine.contract import split_ref
 from imagebuild.errors import ImagebuildError, LockError
+from imagebuild.knowledge import rules
 from imagebuild.lock import Lock, PlatformLocks, default_lock_path, ensure_fresh, read_locks
 from imagebuild.lock.diff import diff_lock_files
 from imagebuild.lock.lockfile import recipe_sha256
@@ -65,7 +66,7 @@ def lock(recipe_path: str | Path, *, lock_path: Path | None = None, upgrade_base
     if not recipe.platforms:
         return pipeline.lock(recipe.path, lock_path=lock_path, upgrade_base=upgrade_base, progress=progress)
     started = time.monotonic()
-    findings = compat.check_recipe(recipe, pipeline.base_glibc(recipe))
+    findings = rules.check_recipe(recipe, pipeline.base_glibc(recipe))
     pipeline.stop_on_errors(findings, recipe)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     locks, found, moves = {}, {}, []
@@ -155,14 +156,14 @@ def build(recipe_path: str | Path, engine: Engine, *, lock_path: Path | None = N
                               "build, then `imagebuild export-oci` every platform's image into one index and "
                               "`imagebuild push` it")
     started = time.monotonic()
-    findings = compat.check_recipe(recipe, pipeline.base_glibc(recipe))
+    findings = rules.check_recipe(recipe, pipeline.base_glibc(recipe))
     pipeline.stop_on_errors(findings, recipe)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     locks = fresh_locks(recipe, path, relock, progress)
     found = {}
     for spec in recipe.platforms:
         one = recipe.for_platform(spec.arch)
-        found[spec.arch] = compat.check_resolved(one, locks[spec.arch].packages, locks[spec.arch].base.glibc)
+        found[spec.arch] = rules.check_resolved(one, locks[spec.arch].packages, locks[spec.arch].base.glibc)
         if recipe.patches and not relock:
             found[spec.arch] += pipeline.patch_findings(one, locks[spec.arch])
     findings = pipeline.merged(findings, across_platforms(found))
