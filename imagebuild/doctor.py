@@ -225,7 +225,7 @@ def _finish(raw: dict, where: str, target: str, python: str, seconds: float) -> 
     checks = raw.get("checks") or []
     try:
         if not isinstance(checks, list):
-            raise MalformedProbeFinding(f"its checks are a JSON list, not {type(checks).__name__}")
+            raise MalformedProbeFinding(f"its checks are a {type(checks).__name__}, not a JSON list")
         found = [from_probe(check) for check in checks]
     except MalformedProbeFinding as error:
         raise DoctorFailed(f"the doctor probe {where} printed a malformed report: {error}") from None

@@ -3,7 +3,9 @@
 - payload/ (copied into images, run on the image's own Python) imports only the standard library
   and itself;
 - each stage imports only the stages below it (ALLOWED); nothing outside cli/ imports cli/;
-- no import cycle between modules, nor between stages.
+- no import cycle between modules, nor between stages;
+- no module imports another's underscore names (its private helpers): a stage's API is its public names;
+- one Finding type, defined in knowledge/ alone.
 
 Every import counts, those inside functions included: a lazy import is still a dependency.
 """
@@ -19,7 +21,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "imagebuild"
 
 # Stage -> the stages it may import ("" is imagebuild/__init__.py: the version). errors and common
-# are the low modules every stage may use; they import nothing of ours.
+# are the low modules every stage may use; they import nothing of ours. knowledge/ is two layers, each
+# its row (SUBSTAGES): the facts (cuda, facts, finding) below recipe, and the rules above it, since a
+# recipe is what they judge; recipe imports the facts, never the rules.
 LOW = {"", "errors", "common"}
 ALLOWED = {
     "errors": set(),
@@ -27,7 +31,7 @@ ALLOWED = {
     "payload": set(),
     "knowledge": LOW,
     "recipe": LOW | {"knowledge"},
-    "compat": LOW | {"knowledge", "recipe"},
+    "knowledge.rules": LOW | {"knowledge", "recipe"},
     "engine": LOW,
     "base": LOW,
     "built": LOW,
@@ -38,14 +42,15 @@ ALLOWED = {
     "render": LOW | {"lock", "payload", "recipe"},
     "image": LOW | {"engine", "lock", "render"},
     "publish": LOW | {"engine", "image"},
-    "pipeline": LOW | {"base", "bootstrap", "built", "compat", "engine", "kernels", "lock", "payload", "publish", "recipe",
-                       "render"},
-    "platforms": LOW | {"bootstrap", "compat", "engine", "lock", "pipeline", "recipe"},
-    "doctor": LOW | {"compat", "engine", "knowledge", "payload"},
-    "cli": LOW | {"base", "bootstrap", "built", "caches", "compat", "doctor", "engine", "image", "kernels", "knowledge", "lock",
-                  "pipeline", "payload",
-                  "platforms", "publish", "recipe", "render"},
+    "pipeline": LOW | {"base", "bootstrap", "built", "engine", "kernels", "knowledge", "knowledge.rules", "lock", "payload",
+                       "publish", "recipe", "render"},
+    "platforms": LOW | {"bootstrap", "engine", "knowledge.rules", "lock", "pipeline", "recipe"},
+    "doctor": LOW | {"engine", "knowledge", "knowledge.rules", "payload"},
+    "cli": LOW | {"base", "bootstrap", "built", "caches", "doctor", "engine", "image", "kernels", "knowledge",
+                  "knowledge.rules", "lock", "pipeline", "payload", "platforms", "publish", "recipe", "render"},
 }
+# A module or package that is a stage of its own although it sits inside another stage's package.
+SUBSTAGES = {"knowledge.rules"}
 
 
 def module_name(path: Path, root: Path = PACKAGE) -> str:
@@ -55,25 +60,29 @@ def module_name(path: Path, root: Path = PACKAGE) -> str:
     return ".".join(parts)
 
 
+def from_module(node: ast.ImportFrom, path: Path, root: Path = PACKAGE) -> str:
+    """The absolute module a `from ... import` statement in `path` names, relative ones resolved."""
+    if not node.level:
+        return node.module or ""
+    here = module_name(path, root)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    base = package.split(".")
+    base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+    if node.level - 1 > len(package.split(".")) - 1:
+        base = ["<outside>"]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[str, int]]:
     """(absolute module imported, line) for every import statement in the file, relative ones resolved.
     `from X import name` counts as X.name when that is a module of ours, else as X."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    here = module_name(path, root)
-    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
-                if node.level - 1 > len(package.split(".")) - 1:
-                    base = ["<outside>"]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
+            module = from_module(node, path, root)
             for alias in node.names:
                 candidate = f"{module}.{alias.name}"
                 found.append((candidate if is_our_module(candidate, root) else module, node.lineno))
@@ -91,10 +100,15 @@ def sources(root: Path = PACKAGE) -> list[Path]:
     return sorted(root.rglob("*.py"))
 
 
-def stage_of(module: str) -> str:
-    """imagebuild.lock.resolve -> lock; imagebuild.pipeline -> pipeline; imagebuild -> ''.
-    `python -m imagebuild` (__main__) is the command line's entry."""
+def stage_of(module: str, substages: set[str] = SUBSTAGES) -> str:
+    """imagebuild.lock.resolve -> lock; imagebuild.pipeline -> pipeline; imagebuild -> '';
+    imagebuild.knowledge.rules -> knowledge.rules (a substage). `python -m imagebuild` (__main__) is
+    the command line's entry."""
     parts = module.split(".")
+    for substage in substages:
+        depth = substage.count(".") + 2
+        if ".".join(parts[1:depth]) == substage:
+            return substage
     stage = parts[1] if len(parts) > 1 else ""
     return "cli" if stage == "__main__" else stage
 
@@ -221,6 +235,68 @@ def engine_violations(root: Path = PACKAGE) -> list[str]:
     return bad
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _dotted(node: ast.AST) -> list[str] | None:
+    """a.b.c as ["a", "b", "c"]; None for anything but names and attributes."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else None
+
+
+def private_name_violations(root: Path = PACKAGE) -> list[str]:
+    """Another module's underscore names reached from outside it: `from X import _name`, or `X._name`
+    on a module of ours imported under a name. Dunders (__version__) are public."""
+    bad = []
+    for path in sources(root):
+        here = module_name(path, root)
+        where = path.relative_to(root.parent)
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        bound = {}  # a local name -> the module of ours it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+                    else:
+                        bound[alias.name.split(".")[0]] = alias.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom):
+                module = from_module(node, path, root)
+                if not (module == root.name or module.startswith(root.name + ".")):
+                    continue
+                for alias in node.names:
+                    if _private(alias.name) and module != here:
+                        bad.append(f"{where}:{node.lineno} imports {alias.name} from {module}")
+                    if is_our_module(f"{module}.{alias.name}", root):
+                        bound[alias.asname or alias.name] = f"{module}.{alias.name}"
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+                continue
+            chain = _dotted(node.value)
+            if not chain or chain[0] not in bound:
+                continue
+            module = ".".join([bound[chain[0]], *chain[1:]])
+            if module != here and is_our_module(module, root):
+                bad.append(f"{where}:{node.lineno} reads {node.attr} of {module}")
+    return bad
+
+
+def finding_definitions(root: Path = PACKAGE) -> list[str]:
+    """Where a type named Finding is defined (a class, or a name bound to one): "path:line"."""
+    found = []
+    for path in sources(root):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            named = node.name == "Finding" if isinstance(node, ast.ClassDef) else isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "Finding" for t in node.targets)
+            if named:
+                found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}")
+    return found
+
+
 # ---------------------------------------------------------------- the package as it is
 
 def test_payload_imports_only_the_standard_library_and_itself():
@@ -243,8 +319,20 @@ def test_nothing_outside_cli_imports_cli():
 
 def test_recipe_and_knowledge_import_no_engine_registry_or_cli_code():
     graph = stage_graph()
-    for stage in ("recipe", "knowledge", "compat"):
-        assert not graph.get(stage, set()) & {"engine", "publish", "image", "cli", "pipeline"}, stage
+    assert {"knowledge", "knowledge.rules"} <= set(graph)  # both layers were read: absent ones would pass
+    for stage in ("recipe", "knowledge", "knowledge.rules"):
+        assert not graph.get(stage, set()) & {"engine", "publish", "image", "cli", "pipeline", "platforms",
+                                              "doctor", "bootstrap"}, stage
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert private_name_violations() == []
+
+
+def test_the_one_finding_type_is_defined_in_knowledge():
+    definitions = finding_definitions()
+    assert definitions and all(d.startswith("knowledge/") for d in definitions), definitions
+    assert len(definitions) == 1, definitions
 
 
 def test_nothing_outside_engine_names_an_engine():
@@ -348,3 +436,61 @@ def test_the_registry_and_the_contract_name_no_engine(tmp_path):
                                             "def f(name=DEFAULT_ENGINE):\n    return default_engine(name).at('ssh://x')\n"
                                             "HELP = 'run docker login first'\n"})
     assert engine_violations(root) == []
+
+
+# ---------------------------------------------------------------- knowledge's two layers, private names, Finding
+
+@pytest.mark.parametrize("files, expected", [
+    ({"recipe/model.py": "from imagebuild.knowledge.rules import check_recipe\n"},
+     "imagebuild/recipe/model.py:1: recipe imports imagebuild.knowledge.rules"),
+    ({"knowledge/facts.py": "def f():\n    from imagebuild.recipe import model\n"},
+     "imagebuild/knowledge/facts.py:2: knowledge imports imagebuild.recipe.model"),
+    ({"knowledge/__init__.py": "from imagebuild.knowledge.rules import check_recipe\n"},
+     "imagebuild/knowledge/__init__.py:1: knowledge imports imagebuild.knowledge.rules"),
+])
+def test_the_facts_layer_importing_the_rules_or_recipe_is_reported(tmp_path, files, expected):
+    root = _tree(tmp_path, {"knowledge/rules.py": "from imagebuild.recipe.model import Recipe\n",
+                            "knowledge/facts.py": "", "recipe/model.py": "from imagebuild.knowledge.facts import x\n",
+                            **files})
+    assert stage_violations(root) == [expected]
+
+
+def test_rules_may_import_the_facts_and_recipe(tmp_path):
+    root = _tree(tmp_path, {"knowledge/rules.py": "from imagebuild.recipe.model import Recipe\n"
+                                                  "from imagebuild.knowledge.facts import x\n",
+                            "knowledge/facts.py": "x = 1\n", "recipe/model.py": "from imagebuild.knowledge import facts\n"})
+    assert stage_violations(root) == []
+    assert cycles(stage_graph(root)) == []
+
+
+@pytest.mark.parametrize("text, found", [
+    ("from imagebuild.knowledge.facts import _version\n", "imports _version from imagebuild.knowledge.facts"),
+    ("from imagebuild.knowledge.facts import (DATA_FILE,\n    _NOT_CUDA)\n", "imports _NOT_CUDA"),
+    ("from .knowledge.facts import _version\n", "imports _version from imagebuild.knowledge.facts"),
+    ("from imagebuild.knowledge import facts\nfacts._version('1')\n", "reads _version of imagebuild.knowledge.facts"),
+    ("import imagebuild.knowledge.facts as f\nf._load_facts.cache_clear()\n", "reads _load_facts"),
+    ("import imagebuild.knowledge.facts\nimagebuild.knowledge.facts._version('1')\n", "reads _version"),
+    ("from imagebuild import knowledge\nknowledge.facts._version('1')\n", "reads _version"),
+])
+def test_a_private_name_from_another_module_is_reported(tmp_path, text, found):
+    root = _tree(tmp_path, {"knowledge/facts.py": "_version = _NOT_CUDA = _load_facts = DATA_FILE = None\n",
+                            "doctor.py": text})
+    bad = private_name_violations(root)
+    assert len(bad) == 1 and bad[0].startswith("imagebuild/doctor.py:") and found in bad[0], bad
+
+
+def test_public_names_dunders_and_a_modules_own_privates_pass(tmp_path):
+    root = _tree(tmp_path, {"knowledge/facts.py": "_x = 1\ndef f():\n    return _x\n",
+                            "doctor.py": "from imagebuild.knowledge.facts import f\nfrom imagebuild import __version__\n"
+                                         "from imagebuild.knowledge import facts\nimport os\nos._exit\n"
+                                         "facts.f()\nclass A:\n    def _g(self):\n        return self._h\n"})
+    assert private_name_violations(root) == []
+
+
+@pytest.mark.parametrize("where, text, line", [
+    ("doctor.py", "from dataclasses import dataclass\n@dataclass\nclass Finding:\n    status: str\n", 3),
+    ("payload/probe/report.py", "import collections\nFinding = collections.namedtuple('Finding', 'name status')\n", 2),
+])
+def test_a_finding_type_outside_knowledge_is_reported(tmp_path, where, text, line):
+    root = _tree(tmp_path, {"knowledge/finding.py": "class Finding:\n    pass\n", where: text})
+    assert sorted(finding_definitions(root)) == sorted(["knowledge/finding.py:1", f"{where}:{line}"])
