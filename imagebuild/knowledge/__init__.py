@@ -10,7 +10,8 @@ that apply it.
 
 Two layers: the facts (cuda, facts, finding) import nothing of ours but errors; the rules import the facts and recipe's
 model, since a recipe is what they judge. recipe imports the facts, never the rules, and so this package
-re-exports the facts layer only: `from imagebuild.knowledge import rules` for the rules. No engine,
+imports nothing of the rules: it re-exports finding.py's names, and `from imagebuild.knowledge import rules`
+reads the rules. No engine,
 registry, image or CLI code. A new fact goes into compat.toml with its source; a new lookup into facts.py;
 a new rule into rules.py.
 """
