@@ -5,6 +5,7 @@
 - each stage imports only the stages below it (ALLOWED); nothing outside cli/ imports cli/;
 - no import cycle between modules, nor between stages;
 - only render/ (paths.py) and payload/ write an in-image path (/opt/imagebuild/...).
+- (test_architecture_names.py) no module imports another's underscore names, and one Finding type.
 
 Every import counts, those inside functions included: a lazy import is still a dependency.
 """
@@ -20,7 +21,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "imagebuild"
 
 # Stage -> the stages it may import ("" is imagebuild/__init__.py: the version). errors and common
-# are the low modules every stage may use; they import nothing of ours.
+# are the low modules every stage may use; they import nothing of ours. knowledge/ is two layers, each
+# its row (SUBSTAGES): the facts (cuda, facts, finding) below recipe, and the rules above it, since a
+# recipe is what they judge; recipe imports the facts, never the rules.
 LOW = {"", "errors", "common"}
 ALLOWED = {
     "errors": set(),
@@ -28,7 +31,7 @@ ALLOWED = {
     "payload": set(),
     "knowledge": LOW,
     "recipe": LOW | {"knowledge"},
-    "compat": LOW | {"knowledge", "recipe"},
+    "knowledge.rules": LOW | {"knowledge", "recipe"},
     "engine": LOW,
     "base": LOW,
     "caches": LOW | {"render"},
@@ -37,11 +40,13 @@ ALLOWED = {
     "render": LOW | {"lock", "payload", "recipe"},
     "image": LOW | {"engine", "lock", "render"},
     "publish": LOW | {"engine", "image"},
-    "flows": LOW | {"base", "bootstrap", "compat", "engine", "image", "knowledge", "lock", "payload", "publish", "recipe",
-                    "render"},
-    "cli": LOW | {"base", "bootstrap", "caches", "compat", "engine", "flows", "image", "knowledge", "lock", "payload",
-                  "publish", "recipe", "render"},
+    "flows": LOW | {"base", "bootstrap", "engine", "image", "knowledge", "knowledge.rules", "lock", "payload", "publish",
+                    "recipe", "render"},
+    "cli": LOW | {"base", "bootstrap", "caches", "engine", "flows", "image", "knowledge", "knowledge.rules", "lock",
+                  "payload", "publish", "recipe", "render"},
 }
+# A module or package that is a stage of its own although it sits inside another stage's package.
+SUBSTAGES = {"knowledge.rules"}
 
 
 def module_name(path: Path, root: Path = PACKAGE) -> str:
@@ -51,25 +56,29 @@ def module_name(path: Path, root: Path = PACKAGE) -> str:
     return ".".join(parts)
 
 
+def from_module(node: ast.ImportFrom, path: Path, root: Path = PACKAGE) -> str:
+    """The absolute module a `from ... import` statement in `path` names, relative ones resolved."""
+    if not node.level:
+        return node.module or ""
+    here = module_name(path, root)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    base = package.split(".")
+    base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+    if node.level - 1 > len(package.split(".")) - 1:
+        base = ["<outside>"]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[str, int]]:
     """(absolute module imported, line) for every import statement in the file, relative ones resolved.
     `from X import name` counts as X.name when that is a module of ours, else as X."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    here = module_name(path, root)
-    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
-                if node.level - 1 > len(package.split(".")) - 1:
-                    base = ["<outside>"]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
+            module = from_module(node, path, root)
             for alias in node.names:
                 candidate = f"{module}.{alias.name}"
                 found.append((candidate if is_our_module(candidate, root) else module, node.lineno))
@@ -87,10 +96,15 @@ def sources(root: Path = PACKAGE) -> list[Path]:
     return sorted(root.rglob("*.py"))
 
 
-def stage_of(module: str) -> str:
-    """imagebuild.lock.resolve -> lock; imagebuild.flows.build -> flows; imagebuild -> ''.
-    `python -m imagebuild` (__main__) is the command line's entry."""
+def stage_of(module: str, substages: set[str] = SUBSTAGES) -> str:
+    """imagebuild.lock.resolve -> lock; imagebuild.flows.build -> flows; imagebuild -> '';
+    imagebuild.knowledge.rules -> knowledge.rules (a substage). `python -m imagebuild` (__main__) is
+    the command line's entry."""
     parts = module.split(".")
+    for substage in substages:
+        depth = substage.count(".") + 2
+        if ".".join(parts[1:depth]) == substage:
+            return substage
     stage = parts[1] if len(parts) > 1 else ""
     return "cli" if stage == "__main__" else stage
 
@@ -263,8 +277,9 @@ def test_only_cli_imports_the_flows():
 
 def test_recipe_and_knowledge_import_no_engine_registry_or_cli_code():
     graph = stage_graph()
-    for stage in ("recipe", "knowledge", "compat"):
-        assert not graph.get(stage, set()) & {"engine", "publish", "image", "cli", "flows"}, stage
+    assert {"knowledge", "knowledge.rules"} <= set(graph)  # both layers were read: absent ones would pass
+    for stage in ("recipe", "knowledge", "knowledge.rules"):
+        assert not graph.get(stage, set()) & {"engine", "publish", "image", "cli", "flows", "bootstrap"}, stage
 
 
 def test_nothing_outside_engine_names_an_engine():
@@ -392,3 +407,28 @@ def test_in_image_paths_read_from_render_pass(tmp_path):
                             "pipeline.py": "from imagebuild.render.paths import PROBE_COMMAND\n"
                                            "HELP = 'the image carries /opt/venv and its lock'\n"})
     assert in_image_path_violations(root) == []
+
+
+# ---------------------------------------------------------------- knowledge's two layers
+
+@pytest.mark.parametrize("files, expected", [
+    ({"recipe/model.py": "from imagebuild.knowledge.rules import check_recipe\n"},
+     "imagebuild/recipe/model.py:1: recipe imports imagebuild.knowledge.rules"),
+    ({"knowledge/facts.py": "def f():\n    from imagebuild.recipe import model\n"},
+     "imagebuild/knowledge/facts.py:2: knowledge imports imagebuild.recipe.model"),
+    ({"knowledge/__init__.py": "from imagebuild.knowledge.rules import check_recipe\n"},
+     "imagebuild/knowledge/__init__.py:1: knowledge imports imagebuild.knowledge.rules"),
+])
+def test_the_facts_layer_importing_the_rules_or_recipe_is_reported(tmp_path, files, expected):
+    root = _tree(tmp_path, {"knowledge/rules.py": "from imagebuild.recipe.model import Recipe\n",
+                            "knowledge/facts.py": "", "recipe/model.py": "from imagebuild.knowledge.facts import x\n",
+                            **files})
+    assert stage_violations(root) == [expected]
+
+
+def test_rules_may_import_the_facts_and_recipe(tmp_path):
+    root = _tree(tmp_path, {"knowledge/rules.py": "from imagebuild.recipe.model import Recipe\n"
+                                                  "from imagebuild.knowledge.facts import x\n",
+                            "knowledge/facts.py": "x = 1\n", "recipe/model.py": "from imagebuild.knowledge import facts\n"})
+    assert stage_violations(root) == []
+    assert cycles(stage_graph(root)) == []

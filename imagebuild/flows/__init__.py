@@ -11,9 +11,9 @@ case) and returns a report with `to_dict()` for `--json` (reports.py).
                                kernel_layer.py and kernels.py: the [aot] kernel step and a fresh runner's seed;
                                built.py: what this machine built and pushed for each lock
     smoke(image, engine)       smoke.py: the image's own probe, offline, in a throwaway container
-    diagnose(...)              doctor.py: the same probe and the compat rules on a host, a venv or an image
+    diagnose(...)              doctor.py: the same probe and the knowledge rules on a host, a venv or an image
 
-May import every stage below it (base, bootstrap, engine, knowledge, compat, lock, payload, recipe, render,
+May import every stage below it (base, bootstrap, engine, knowledge, lock, payload, recipe, render,
 registry, image); only cli/ imports it.
 """
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from imagebuild import compat
+from imagebuild.knowledge import rules
 from imagebuild.bootstrap import base_moves, identify
 from imagebuild.common import Progress, platform_name, quiet, write_atomic
 from imagebuild.errors import LockError
@@ -87,7 +87,7 @@ def resolved(recipe: Recipe, progress: Progress = quiet, *, old: Lock | None = N
     progress(f"resolving {len(recipe.python.requirements)} requirements for Python {base.python} "
              f"on {base.uv_platform}")
     new = resolve_lock(recipe, base)
-    findings = compat.check_resolved(recipe, new.packages, base.glibc)
+    findings = rules.check_resolved(recipe, new.packages, base.glibc)
     found, layout = artifact_findings(recipe, new, progress)
     if layout:
         new = replace(new, cuda={**new.cuda, **layout})
