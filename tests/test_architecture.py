@@ -42,7 +42,8 @@ ALLOWED = {
                        "render"},
     "platforms": LOW | {"bootstrap", "compat", "engine", "lock", "pipeline", "recipe"},
     "doctor": LOW | {"compat", "engine", "knowledge", "payload"},
-    "cli": LOW | {"base", "bootstrap", "built", "caches", "compat", "doctor", "engine", "image", "kernels", "knowledge", "lock",
+    "adopt": LOW | {"base", "compat", "engine", "knowledge", "lock", "payload", "recipe"},
+    "cli": LOW | {"adopt", "base", "bootstrap", "built", "caches", "compat", "doctor", "engine", "image", "kernels", "knowledge", "lock",
                   "pipeline", "payload",
                   "platforms", "publish", "recipe", "render"},
 }
