@@ -16,6 +16,8 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 
+from packaging.utils import canonicalize_name
+
 from imagebuild.common import host_arch
 from imagebuild.engine import Engine
 from imagebuild.errors import ImagebuildError
@@ -104,6 +106,7 @@ class Inventory:
     distributions: tuple[Installed, ...]  # those the interpreter imports (shadowed ones left out)
     added: tuple[str, ...]  # files no RECORD lists, as LOCATION/PATH
     added_total: int
+    links: tuple[tuple[str, str], ...]  # symbolic links no RECORD lists: (LOCATION/PATH, target)
     venv_tool: tuple[str, ...]
     torch_version: str | None
     torch_cuda: str | None
@@ -253,7 +256,7 @@ def _distribution(read: _Read, entry, where: str) -> Installed:
     record = read.get(entry, "record", bool, where)
     modified = read.get(entry, "modified", list, where, optional=True) or []
     return Installed(
-        read.get(entry, "canonical", str, where), read.get(entry, "version", str, where),
+        canonicalize_name(read.get(entry, "name", str, where)), read.get(entry, "version", str, where),
         read.get(entry, "location", str, where), read.get(entry, "dist_info", str, where),
         read.get(entry, "installer", str, where, optional=True), origin_of(entry.get("direct_url"), record),
         read.strings(entry, "requires", where), read.strings(entry, "extras", where),
@@ -291,6 +294,11 @@ def read_inventory(raw, where: str) -> Inventory:
     for index, entry in enumerate(read.get(unowned, "files", list, "unowned")):
         added.append(os.path.join(read.get(entry, "location", str, f"unowned.files[{index}]"),
                                   read.get(entry, "path", str, f"unowned.files[{index}]")))
+    links = []
+    for index, entry in enumerate(read.get(unowned, "links", list, "unowned")):
+        where_ = f"unowned.links[{index}]"
+        links.append((os.path.join(read.get(entry, "location", str, where_), read.get(entry, "path", str, where_)),
+                      read.get(entry, "target", str, where_)))
     torch = read.get(raw, "torch", dict, "")
     toolchain = tuple((read.get(t, "name", str, f"toolchain[{i}]"), read.get(t, "version", str, f"toolchain[{i}]"),
                        read.get(t, "nvcc", bool, f"toolchain[{i}]"))
@@ -300,7 +308,8 @@ def read_inventory(raw, where: str) -> Inventory:
                                                                              optional=True))
                  for i, g in enumerate(read.get(driver, "gpus", list, "driver")))
     return Inventory(where, interpreter, dict(markers), tuple(dists), tuple(added),
-                     read.get(unowned, "total", int, "unowned"), read.strings(unowned, "venv_tool", "unowned"),
+                     read.get(unowned, "total", int, "unowned"), tuple(links),
+                     read.strings(unowned, "venv_tool", "unowned"),
                      read.get(torch, "version", str, "torch", optional=True) if torch.get("installed") else None,
                      read.get(torch, "cuda", str, "torch", optional=True) if torch.get("installed") else None,
                      toolchain, gpus, read.get(driver, "version", str, "driver", optional=True),

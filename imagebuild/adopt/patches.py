@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from imagebuild.adopt.inventory import Installed, Inventory, ModifiedFile
+from imagebuild.adopt.inventory import Installed, Inventory
 from imagebuild.adopt.text import comment
 from imagebuild.lock.lockfile import LockedWheel
 from imagebuild.payload.apply_patch import PatchError, apply_to_text, parse_patch, split_lines
@@ -190,5 +190,3 @@ def missing_files(inventory: Inventory) -> list[dict]:
              "fix": f"a [[prune]] entry (package = \"{d.name}\", remove = [\"{path}\"]) drops it from the image too"}
             for d in inventory.distributions for path in d.missing]
 
-
-__all__ = ["ModifiedFile", "PatchFile", "Unpatched", "make_patches", "missing_files", "unified_diff"]

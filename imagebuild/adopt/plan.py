@@ -1,9 +1,7 @@
 """An inventory turned into what the recipe says, each value with where it came from. Pure: no I/O.
 
     plan_recipe(inventory, options, now) -> Plan
-    top_level(installed, markers, keep)    -> {name: extras}: the fewest distributions (with the extras
-                                              they were installed with) whose requirements reach every
-                                              one in `keep`
+    without(plan, name, why, fix)          -> the plan with one more distribution left out
 
 The requirements are what no other installed distribution requires (Requires-Dist, evaluated with the
 environment's own markers), pinned `==` as installed; everything else installed is a constraint, so
@@ -14,14 +12,15 @@ required is then required directly: LeftOut says why and what to do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from packaging.markers import UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from imagebuild.adopt.inventory import AdoptError, Installed, Inventory
+from imagebuild.adopt.requires import dependents, needs_of, required, top_level
 from imagebuild.common import MACHINES, host_arch
 from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
 from imagebuild.knowledge.facts import load_facts
@@ -105,121 +104,6 @@ class Plan:
     @property
     def pins(self) -> dict[str, str]:
         return {pin.name: pin.version for pin in self.requirements + self.constraints}
-
-
-# ---- the dependency graph ------------------------------------------------------------------------
-
-Edge = tuple[str, frozenset]  # (the distribution required, the extras asked of it)
-
-
-@dataclass(frozen=True)
-class Needs:
-    always: tuple[Edge, ...]  # requirements without an extra (markers true here)
-    by_extra: Mapping[str, tuple[Edge, ...]]  # extra -> what it adds of the installed ones
-    unmet: frozenset = frozenset()  # extras that require something not installed: not installed with them
-
-
-def _evaluates(requirement: Requirement, markers: Mapping[str, str], extra: str) -> bool:
-    if requirement.marker is None:
-        return not extra
-    try:
-        return requirement.marker.evaluate({**markers, "extra": extra})
-    except UndefinedEnvironmentName:
-        return False
-
-
-def needs_of(dist: Installed, markers: Mapping[str, str], installed: Iterable[str]) -> tuple[Needs, list[str]]:
-    """What a distribution requires of the installed ones (and its Requires-Dist lines unreadable here)."""
-    present = set(installed)
-    always, by_extra, unmet, unreadable = [], {}, set(), []
-    extras = sorted({canonicalize_name(e) for e in dist.extras})
-    for line in dist.requires:
-        try:
-            requirement = Requirement(line)
-        except InvalidRequirement:
-            unreadable.append(line)
-            continue
-        name = canonicalize_name(requirement.name)
-        if name == dist.name:
-            continue
-        edge = (name, frozenset(canonicalize_name(e) for e in requirement.extras))
-        if _evaluates(requirement, markers, ""):
-            always += [edge] if name in present else []
-            continue
-        for extra in extras:
-            if _evaluates(requirement, markers, extra):
-                if name in present:
-                    by_extra.setdefault(extra, []).append(edge)
-                else:
-                    unmet.add(extra)
-    return Needs(tuple(always), {k: tuple(v) for k, v in by_extra.items()}, frozenset(unmet)), unreadable
-
-
-def reach(roots: Mapping[str, frozenset], graph: Mapping[str, Needs]) -> dict[str, frozenset]:
-    """Every distribution the roots' requirements install, with the extras asked of it."""
-    seen: dict[str, frozenset] = {}
-    queue = [(name, frozenset(extras)) for name, extras in roots.items() if name in graph]
-    while queue:
-        name, extras = queue.pop()
-        before = seen.get(name)
-        if before is not None and extras <= before:
-            continue
-        now = (before or frozenset()) | extras
-        seen[name] = now
-        needs = graph[name]
-        for target, asked in needs.always + tuple(e for extra in sorted(now) for e in needs.by_extra.get(extra, ())):
-            if target in graph:
-                queue.append((target, asked))
-    return seen
-
-
-def required(graph: Mapping[str, Needs]) -> set[str]:
-    """The distributions another one in the graph requires (with the extras its dependents ask)."""
-    found: set[str] = set()
-    for name, needs in graph.items():
-        reached = reach({name: frozenset()}, graph)
-        found |= {other for other in reached if other != name}
-    return found
-
-
-def satisfied_extras(needs: Needs, keep: set[str]) -> frozenset:
-    """The extras whose every requirement is installed (and kept): those it was most likely installed with."""
-    return frozenset(extra for extra, edges in needs.by_extra.items()
-                     if edges and extra not in needs.unmet and all(t in keep for t, _ in edges))
-
-
-def top_level(graph: Mapping[str, Needs]) -> dict[str, frozenset]:
-    """The fewest roots, each with its satisfied extras, whose closure is the whole graph: start from
-    what nothing requires, drop a root another one's extras install, and add (by name) one of each
-    cycle nothing outside it requires."""
-    keep = set(graph)
-    extras = {name: satisfied_extras(graph[name], keep) for name in graph}
-    roots = {name: extras[name] for name in sorted(keep - required(graph))}
-
-    def complete(candidate: Mapping[str, frozenset]) -> bool:
-        return set(reach(candidate, graph)) == keep
-
-    for name in sorted(keep):  # a cycle: no member is a root, so take the first by name
-        if name not in reach(roots, graph):
-            roots[name] = extras[name]
-    for name in sorted(roots):
-        rest = {other: value for other, value in roots.items() if other != name}
-        if rest and complete(rest):
-            roots = rest
-    assert complete(roots), "top_level must reach every distribution"
-    return roots
-
-
-def dependents(graph: Mapping[str, Needs], roots: Mapping[str, frozenset]) -> dict[str, list[str]]:
-    """For each distribution, the ones that require it (with the extras the roots ask)."""
-    asked = reach(roots, graph)
-    found: dict[str, list[str]] = {}
-    for name, extras in sorted(asked.items()):
-        needs = graph[name]
-        for target, _ in needs.always + tuple(e for extra in sorted(extras) for e in needs.by_extra.get(extra, ())):
-            if target != name and name not in found.setdefault(target, []):
-                found[target].append(name)
-    return found
 
 
 # ---- the recipe's values -------------------------------------------------------------------------
@@ -345,6 +229,9 @@ def plan_recipe(inventory: Inventory, options: AdoptOptions, now: str) -> Plan:
             raise AdoptError(f"--exclude {name}: not installed in the environment of {inventory.interpreter.describe()}")
     suite, python, glibc, arch = base_of(inventory)
     left_out = [_origin_left_out(d) for d in inventory.distributions if not d.origin.reproducible]
+    left_out += [LeftOut(d.name, d.version, f"its METADATA's name and version do not make a requirement: {why}",
+                         "reinstall it from an index; a broken dist-info cannot be pinned", excluded=False)
+                 for d in inventory.distributions if d.origin.reproducible and (why := _unpinnable(d))]
     excluded = {canonicalize_name(n) for n in options.exclude}
     left_out += [LeftOut(n, installed[n].version, "--exclude", "nothing: left out as asked") for n in sorted(excluded)
                  if installed[n].origin.reproducible]
@@ -353,6 +240,16 @@ def plan_recipe(inventory: Inventory, options: AdoptOptions, now: str) -> Plan:
         notes.append(f"{inventory.interpreter.executable} is not in a venv: is it the environment that works? "
                      "(a venv's interpreter is VENV/bin/python)")
     return _pins(inventory, left_out, (suite, python, glibc, arch), cuda, now, options.extra_index_urls, notes)
+
+
+def _unpinnable(dist: Installed) -> str:
+    """Why name==version is no requirement (an altered or broken METADATA), or ""."""
+    try:
+        Version(dist.version)
+        requirement = Requirement(f"{dist.name}=={dist.version}")
+    except (InvalidVersion, InvalidRequirement) as err:
+        return str(err)
+    return "" if requirement.name == dist.name else f"{dist.name!r} is not a distribution name"
 
 
 def without(plan: Plan, name: str, why: str, fix: str) -> Plan:

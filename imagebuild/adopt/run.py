@@ -66,6 +66,9 @@ class AdoptReport:
             "added_files": {"files": list(environment.added), "total": environment.added_total,
                             "fix": "a file no RECORD lists is not rebuilt: put it in a distribution of your own, "
                                    "or delete it if nothing needs it"},
+            "added_links": {"links": [{"path": p, "target": t} for p, t in environment.links],
+                            "fix": "imagebuild's build makes the CUDA toolchain's lib64 and libcudart.so links "
+                                   "itself; make any other in a distribution of your own"},
             "added_by_lock": self.added_by_lock, "notes": list(plan.notes),
             "findings": [f.to_dict() for f in self.findings],
         }

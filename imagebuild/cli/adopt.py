@@ -97,6 +97,9 @@ def print_adopt(out: Console, adopted) -> None:
             out.print(line(("    fix: ", "dim"), (entry["fix"], "dim")))
     added = report["added_files"]
     _listed(out, "files no RECORD lists, added by hand (not rebuilt)", added["files"], added["total"], added["fix"])
+    links = report["added_links"]
+    _listed(out, "symbolic links no RECORD lists", [f"{link['path']} -> {link['target']}" for link in links["links"]],
+            len(links["links"]), links["fix"])
     missing = report["missing_files"]
     _listed(out, "files a RECORD lists that are gone (the image keeps them)",
             [f"{m['package']}: {m['path']}" for m in missing], len(missing),

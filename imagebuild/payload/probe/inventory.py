@@ -245,9 +245,10 @@ def check_records(dists: list, jobs: int) -> None:
 
 
 def unowned_files(dirs, dists: list) -> dict:
-    """Files in the site folders no distribution's RECORD lists: added by hand, or by a tool."""
+    """Files in the site folders no distribution's RECORD lists: added by hand, or by a tool. Symbolic
+    links are listed apart, with what they point to."""
     owned = {os.path.normpath(os.path.join(d["location"], row[0])) for d in dists for row in d["_rows"]}
-    listed, total, bytecode, tools = [], 0, 0, []
+    listed, links, total, bytecode, tools = [], [], 0, 0, []
     for location in dirs:
         for root, folders, files in os.walk(location):
             folders[:] = sorted(f for f in folders if not f.endswith(METADATA_DIRS))
@@ -260,11 +261,15 @@ def unowned_files(dirs, dists: list) -> dict:
                     bytecode += 1
                 elif relative in VENV_TOOL_FILES:
                     tools.append(printable(relative))
+                elif os.path.islink(full):
+                    if len(links) < MAX_LISTED:
+                        links.append({"location": location, "path": printable(relative),
+                                      "target": printable(os.readlink(full))})
                 else:
                     total += 1
                     if len(listed) < MAX_LISTED:
                         listed.append({"location": location, "path": printable(relative)})
-    return {"files": listed, "total": total, "bytecode": bytecode, "venv_tool": tools}
+    return {"files": listed, "total": total, "links": links, "bytecode": bytecode, "venv_tool": tools}
 
 
 def toolchain_wheels(dists: list) -> list:
