@@ -20,6 +20,7 @@ Each check is a small function returning a plain dict.
       consumers.py      CUDA toolkits in sight and which one each consumer uses; JIT caches
       findings_cuda.py  findings on toolkits, CUDA homes and CUDA versions
       findings_host.py  findings on driver, interpreter, Triton, GPU arch, FlashInfer, caches
+    inventory.py      inventory mode (--inventory): what an environment holds, for `imagebuild adopt`
     bundle.py         the zipapp: deterministic bytes, and the bootstrap that ships it inline
 
 The names below are what imagebuild (doctor.py) and the tests use.
