@@ -126,7 +126,8 @@ class Inventory:
 def _payload() -> str:
     payload = bundle.inline_payload()
     if len(payload) > MAX_INLINE_PAYLOAD:
-        raise AdoptError(f"the probe's zipapp has grown past {MAX_INLINE_PAYLOAD} bytes and no longer fits one argument")
+        raise AdoptError(f"the probe's zipapp has grown past {MAX_INLINE_PAYLOAD} bytes and no longer fits one "
+                         "argument")
     return payload
 
 
@@ -268,16 +269,17 @@ def read_inventory(raw, where: str) -> Inventory:
     read = _Read(where)
     if not isinstance(raw, dict) or raw.get("mode") != "inventory":
         raise read.fail("mode", "not an inventory report")
+    if isinstance(raw.get("error"), str):
+        raise AdoptError(f"{where}: the inventory probe stopped: {raw['error']}")
     if raw.get("format") != 1:
         raise read.fail("format", f"format {raw.get('format')!r}, this imagebuild reads format 1")
     it = read.get(raw, "interpreter", dict, "")
     info = read.get(it, "version_info", list, "interpreter")
     if len(info) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) for v in info):
         raise read.fail("interpreter.version_info", "expected three integers")
-    interpreter = Interpreter(*(read.get(it, k, str, "interpreter") for k in
-                                ("executable", "real_executable", "prefix", "version")), tuple(info),
-                              read.get(it, "implementation", str, "interpreter"), read.get(it, "machine", str, "interpreter"),
-                              read.get(it, "in_venv", bool, "interpreter"))
+    strings = [read.get(it, k, str, "interpreter") for k in ("executable", "real_executable", "prefix", "version")]
+    interpreter = Interpreter(*strings, tuple(info), read.get(it, "implementation", str, "interpreter"),
+                              read.get(it, "machine", str, "interpreter"), read.get(it, "in_venv", bool, "interpreter"))
     markers = read.get(raw, "markers", dict, "")
     for key, value in markers.items():
         if not isinstance(value, str):

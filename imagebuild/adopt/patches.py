@@ -174,8 +174,8 @@ def make_patches(inventory: Inventory, pins: Mapping[str, str], wheels: Mapping[
         wheel = wheels.get(dist.name)
         if dist.name not in pins or wheel is None:
             for modified in dist.modified:
-                unpatched.append(Unpatched(dist.name, dist.version, modified.path,
-                                           "the distribution is left out of the recipe, so there is no wheel to diff against",
+                unpatched.append(Unpatched(dist.name, dist.version, modified.path, "the distribution is left out "
+                                           "of the recipe, so there is no wheel to diff against",
                                            "see why it is left out"))
             continue
         patch, refused = _distribution_patch(dist, wheel, read, inventory.where)

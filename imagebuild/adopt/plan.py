@@ -185,7 +185,8 @@ def cuda_plan(inventory: Inventory, options: AdoptOptions) -> tuple[CudaPlan | N
         except ValueError:
             notes.append(f"torch/version.py says cuda = {inventory.torch_cuda!r}, which is no CUDA version")
     if torch_cuda is not None:
-        toolkit, source = torch_cuda, f"torch {inventory.torch_version}: torch/version.py cuda = {inventory.torch_cuda!r}"
+        toolkit = torch_cuda
+        source = f"torch {inventory.torch_version}: torch/version.py cuda = {inventory.torch_cuda!r}"
         if toolchain and toolchain[0] != torch_cuda:
             notes.append(f"torch is built for CUDA {torch_cuda} but {toolchain[1]} is CUDA {toolchain[0]}: "
                          "[cuda] toolkit follows torch; the lock will say what the skew breaks")
@@ -206,7 +207,8 @@ def base_of(inventory: Inventory) -> tuple[str, str, str, str]:
                          "Debian's CPython, so adopt an environment made with CPython")
     arch = host_arch(it.machine)
     if arch not in MACHINES:
-        raise AdoptError(f"{inventory.where}: machine {it.machine!r}: imagebuild builds linux/amd64 and linux/arm64 only")
+        raise AdoptError(f"{inventory.where}: machine {it.machine!r}: imagebuild builds linux/amd64 and linux/arm64 "
+                         "only")
     suites = sorted(load_facts().suites.values(), key=lambda s: s.suite)
     suite = next((s for s in suites if s.python == it.python), None)
     if suite is None:
@@ -226,7 +228,8 @@ def plan_recipe(inventory: Inventory, options: AdoptOptions, now: str) -> Plan:
                          "VENV/bin/python)? For an environment without torch on purpose, pass --without-torch")
     for name in options.exclude:
         if canonicalize_name(name) not in installed:
-            raise AdoptError(f"--exclude {name}: not installed in the environment of {inventory.interpreter.describe()}")
+            raise AdoptError(f"--exclude {name}: not installed in the environment of "
+                             f"{inventory.interpreter.describe()}")
     suite, python, glibc, arch = base_of(inventory)
     left_out = [_origin_left_out(d) for d in inventory.distributions if not d.origin.reproducible]
     left_out += [LeftOut(d.name, d.version, f"its METADATA's name and version do not make a requirement: {why}",

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -175,6 +176,7 @@ def _write(output: Path, text: str, patches: list[PatchFile], force: bool) -> li
     if clashes and not force:
         raise AdoptError(f"{', '.join(clashes)} exist(s) with other contents: adopt never overwrites a patch unasked; "
                          "pass --force to replace it, or write the recipe elsewhere with -o")
+    made = [p for p in (folder, folder / "patches") if not p.exists()]  # removed again if nothing is written
     folder.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".adopt-", dir=folder))
     moved: list[Path] = []
@@ -204,6 +206,7 @@ def _write(output: Path, text: str, patches: list[PatchFile], force: bool) -> li
         write_atomic(output, text.encode("utf-8"))
         moved.clear()
         replaced.clear()
+        made.clear()
         return findings
     finally:
         for path in moved:  # the recipe was not written: neither are its patches, and the old ones return
@@ -211,3 +214,6 @@ def _write(output: Path, text: str, patches: list[PatchFile], force: bool) -> li
         for filename in replaced:
             os.replace(staging / "replaced" / filename, final[filename])
         shutil.rmtree(staging, ignore_errors=True)
+        for path in reversed(made):
+            with contextlib.suppress(OSError):
+                path.rmdir()

@@ -60,7 +60,8 @@ def render(plan: Plan, name: str, patches: Sequence[PatchEntry] = ()) -> str:
            "# Every pin is the version installed there; see adopt's report for what was left out.", "",
            "[image]", _line(f"name = {string(name)}", "the recipe's file name"), "",
            "[base]",
-           _line(f"debian = {string(plan.suite)}", f"its python3 is {plan.python}, the environment's; glibc {plan.glibc}"),
+           _line(f"debian = {string(plan.suite)}",
+                 f"its python3 is {plan.python}, the environment's; glibc {plan.glibc}"),
            _line(f"arch = {string(plan.arch)}", f"the interpreter's machine: {plan.machine}")]
     if plan.packages:
         out.append(_line("packages = [" + ", ".join(string(p) for p, _ in plan.packages) + "]",
@@ -73,7 +74,8 @@ def render(plan: Plan, name: str, patches: Sequence[PatchEntry] = ()) -> str:
     if plan.exclude:
         versions = {e.name: e for e in plan.left_out}
         out += _array("exclude", [(n, f"{versions[n].version}: {versions[n].why}") for n in plan.exclude],
-                      "Installed, but no index gives it again: left out of the resolve (adopt's report says what to do):")
+                      "Installed, but no index gives it again: left out of the resolve "
+                      "(adopt's report says what to do):")
     if plan.extra_index_urls:
         out += _array("extra_index_urls", [(u, "--extra-index-url") for u in plan.extra_index_urls])
     out.append(_line(f"exclude_newer = {string(plan.exclude_newer)}",

@@ -137,7 +137,7 @@ def test_pins_that_do_not_resolve_are_one_error_and_write_nothing(tmp_path):
     assert status == 1 and report["error"] == "ResolveFailed", report
     assert "pins do not resolve" in report["message"] and "urllib3==1.20" in report["message"]
     assert "no recipe was written" in report["message"]
-    assert not (tmp_path / "recipes").exists() or files_under(tmp_path / "recipes") == []
+    assert not (tmp_path / "recipes").exists()
 
 
 @pytest.mark.skipif(not TORCH_CPU.is_file(), reason=f"needs {TORCH_CPU} (a torch build no index here serves)")

@@ -69,3 +69,8 @@ def test_any_json_value_is_no_report(value):
 ])
 def test_direct_url_json_says_where_a_distribution_came_from(direct_url, record, kind):
     assert origin_of(direct_url, record).kind == kind
+
+
+def test_a_probe_that_stopped_says_why():
+    with pytest.raises(AdoptError, match="image x: the inventory probe stopped: OSError: disk gone"):
+        read_inventory({"mode": "inventory", "format": 1, "error": "OSError: disk gone"}, "image x")

@@ -108,9 +108,12 @@ def main(argv: list | None = None) -> int:
                           "bytes": sum(c["bytes"] for c in candidates)}, indent=2, sort_keys=True))
         return 0
     if args.inventory:
-        print(json.dumps(run_inventory(args.driver_file, args.jobs if args.jobs and args.jobs > 0 else None),
-                         indent=2, sort_keys=True))
-        return 0
+        try:
+            report = run_inventory(args.driver_file, args.jobs if args.jobs and args.jobs > 0 else None)
+        except Exception as error:  # still one report: what stopped the probe, never a bare traceback
+            report = {"mode": "inventory", "format": 1, "error": f"{type(error).__name__}: {error}"}
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0 if "error" not in report else 1
     if args.doctor:
         report = run_doctor(args.driver_file)
         print(json.dumps(report, indent=2, sort_keys=True))

@@ -27,6 +27,7 @@ import io
 import json
 import os
 import platform
+import site
 import sys
 import sysconfig
 import time
@@ -75,7 +76,6 @@ def interpreter_facts() -> dict:
 def site_packages() -> list:
     """The interpreter's site-packages folders (its prefix's, and the user's when enabled): where
     files no RECORD lists are looked for. Other sys.path folders are a checkout's, or a shell's."""
-    import site
     found = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
     user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
     paths = sysconfig.get_paths()
@@ -124,9 +124,12 @@ def _record_rows(info: str):
     if data is None:
         return None
     rows = []
-    for row in csv.reader(io.StringIO(data.decode("utf-8", "surrogateescape"))):
-        if row and row[0]:
-            rows.append((row[0], row[1] if len(row) > 1 else "", row[2] if len(row) > 2 else ""))
+    try:
+        for row in csv.reader(io.StringIO(data.decode("utf-8", "surrogateescape"))):
+            if row and row[0]:
+                rows.append((row[0], row[1] if len(row) > 1 else "", row[2] if len(row) > 2 else ""))
+    except csv.Error:  # a RECORD that is not CSV says nothing a check could trust
+        return None
     return rows
 
 
@@ -218,7 +221,7 @@ def check_records(dists: list, jobs: int) -> None:
         if not os.path.isfile(full):
             return item, full, "missing"
         actual = _file_hash(full, algorithm)
-        return item, full, actual if actual != expected else None
+        return item, full, None if actual == expected else actual or "unreadable"
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         results = list(pool.map(check, work))
@@ -229,16 +232,19 @@ def check_records(dists: list, jobs: int) -> None:
         if outcome == "missing":
             dist["missing"].append(printable(path))
             continue
-        entry = {"path": printable(path), "record": expected, "actual": outcome,
-                 "inside": not os.path.relpath(full, dist["location"]).startswith(os.pardir)}
-        size = os.path.getsize(full)
-        entry["size"] = size
-        if size <= MAX_CONTENT and size <= budget and entry["inside"]:
-            data = _read(full, MAX_CONTENT + 1) or b""
+        inside = not os.path.relpath(full, dist["location"]).startswith(os.pardir)
+        try:
+            size = os.path.getsize(full)
+        except OSError:
+            size = -1
+        entry = {"path": printable(path), "record": expected, "actual": None if outcome == "unreadable" else outcome,
+                 "inside": inside, "size": size, "content": None}
+        data = _read(full, MAX_CONTENT + 1) if 0 <= size <= min(MAX_CONTENT, budget) and inside else None
+        if data is not None and len(data) <= MAX_CONTENT:
             entry["content"], budget = base64.b64encode(data).decode("ascii"), budget - len(data)
         else:
-            entry["content"] = None
-            entry["omitted"] = "outside the distribution's site folder" if not entry["inside"] else \
+            entry["omitted"] = "outside the distribution's site folder" if not inside else \
+                "unreadable" if size < 0 or outcome == "unreadable" else \
                 f"{size} bytes, over the {MAX_CONTENT}-byte limit" if size > MAX_CONTENT else \
                 f"the report already carries {MAX_CONTENTS} bytes of modified files"
         dist["modified"].append(entry)
