@@ -78,18 +78,21 @@ def test_an_editable_install_and_a_file_added_by_hand_are_reported(tmp_path):
     python = make_venv(tmp_path / "venv", *SMALL)
     install(python, "-e", str(editable_project(tmp_path / "proj", dependencies='"six", "attrs==24.2.0"')))
     (site_packages(python) / "notes.txt").write_text("hand-made\n")
+    (site_packages(python) / "dateutil" / "red\x1b[31m.txt").write_text("a name that would recolour a terminal\n")
     recipe = tmp_path / "recipes" / "small.toml"
     status, report = adopt_json("--python", str(python), "-o", str(recipe), "--without-torch")
     assert status == 0, report
     (proj,) = [e for e in report["left_out"] if e["name"] == "proj"]
     assert proj["excluded"] and "editable" in proj["why"] and (tmp_path / "proj").as_uri() in proj["why"]
-    assert report["added_files"]["files"] == [str(site_packages(python) / "notes.txt")]
+    assert sorted(report["added_files"]["files"]) == [str(site_packages(python) / "dateutil" / "red\x1b[31m.txt"),
+                                                      str(site_packages(python) / "notes.txt")]
     assert "attrs==24.2.0" in report["requirements"]  # proj's own requirement, pinned now that proj is out
     data = tomllib.loads(recipe.read_text())
     assert data["python"]["exclude"] == ["proj"] and "cuda" not in data
     text = imagebuild("adopt", "--python", str(python), "-o", str(tmp_path / "recipes" / "again.toml"),
                       "--without-torch").stdout
     assert "proj 0.1: installed editable from" in text and "notes.txt" in text and "left out of the recipe" in text
+    assert "red\\x1b[31m.txt" in text and "\x1b" not in text  # outside text printed literally, escapes shown
 
 
 def test_a_probe_under_another_interpreter_says_which_it_read(tmp_path):
