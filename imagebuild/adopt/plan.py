@@ -286,8 +286,11 @@ def _pins(inventory: Inventory, left_out: list[LeftOut], base: tuple[str, str, s
     nvcc = [f"{n} {v}" for n, v, has in inventory.toolchain if has]
     packages = (("g++", f"nvcc's host compiler: {nvcc[0]} is in the environment"),) if nvcc else ()
     suite, python, glibc, arch = base
+    first = {}
+    for entry in left_out:  # one entry a distribution: the first reason found
+        first.setdefault(entry.name, entry)
     return Plan(suite, python, glibc, arch, inventory.interpreter.machine, packages, requirements, constraints,
-                tuple(sorted(left_out, key=lambda e: e.name)), cuda, now, tuple(extra_index_urls),
+                tuple(first[name] for name in sorted(first)), cuda, now, tuple(extra_index_urls),
                 tuple(dict.fromkeys(notes)), inventory)
 
 
