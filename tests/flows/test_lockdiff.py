@@ -17,6 +17,7 @@ from imagebuild.flows.lockdiff import judged_diff
 from imagebuild.lock.lockfile import read_lock, write_locks
 from imagebuild.lock.patches import download_wheel
 from imagebuild.recipe.model import load_recipe
+from tests.lock.test_diff import move as moved
 
 REPO = Path(__file__).resolve().parents[2]
 FLAGSHIP = REPO / "lockfiles" / "sglang-blackwell.lock"
@@ -26,14 +27,6 @@ RECIPE = REPO / "recipes" / "sglang-blackwell.toml"
 @pytest.fixture(scope="module")
 def lock():
     return read_lock(FLAGSHIP)
-
-
-def moved(lock, name: str, version: str):
-    """The lock with one package at another version (the rules read versions only)."""
-    wheels = tuple(dataclasses.replace(w, version=version, filename=w.filename.replace(w.version, version),
-                                       sha256="f" * 64) if w.name == name else w for w in lock.wheels)
-    assert wheels != lock.wheels, f"{name} is not in the lock"
-    return dataclasses.replace(lock, wheels=wheels)
 
 
 def test_a_move_that_skews_the_toolchain_makes_its_finding_appear_and_moving_back_clears_it(lock):

@@ -21,17 +21,9 @@ from ruamel.yaml import YAML
 from tests import registry_server
 from tests.flows.test_build import _copy_recipe
 
-REPO = Path(__file__).resolve().parents[2]
-WORKFLOW = REPO / ".github" / "workflows" / "build.yml"
-STEPS = ("Registry, credentials and build cache", "Build by lock (smoke-tested before it is tagged or pushed)",
-         "Smoke test the tagged image", "Published")
-USERS = {"ci": "s3cret-pass"}
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+from tests.flows.test_ci_workflow import OCI_MANIFEST, REPO, STEPS, USERS, WORKFLOW, workflow_steps  # noqa: F401
 
 pytestmark = pytest.mark.engine
-
-
-from tests.flows.test_ci_workflow import workflow_steps
 
 
 @pytest.fixture
