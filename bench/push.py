@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from registry_server import start_registry
 
-from imagebuild.publish import push_source, registry
+from imagebuild.registry import push_source, registry
 
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"

@@ -3,6 +3,7 @@
 - payload/ (copied into images, run on the image's own Python) imports only the standard library
   and itself;
 - each stage imports only the stages below it (ALLOWED); nothing outside cli/ imports cli/;
+- the two publish targets, registry/ and lxc/, do not import each other;
 - no import cycle between modules, nor between stages.
 
 Every import counts, those inside functions included: a lazy import is still a dependency.
@@ -37,14 +38,16 @@ ALLOWED = {
     "lock": LOW | {"base", "knowledge", "payload", "recipe"},
     "render": LOW | {"lock", "payload", "recipe"},
     "image": LOW | {"engine", "lock", "render"},
-    "publish": LOW | {"engine", "image"},
+    "registry": LOW | {"image"},
+    "lxc": LOW | {"engine", "image"},
+    "publish": LOW | {"engine", "image", "registry"},
     "pipeline": LOW | {"base", "bootstrap", "built", "compat", "engine", "kernels", "lock", "payload", "publish", "recipe",
                        "render"},
     "platforms": LOW | {"bootstrap", "compat", "engine", "lock", "pipeline", "recipe"},
     "doctor": LOW | {"compat", "engine", "knowledge", "payload"},
     "cli": LOW | {"base", "bootstrap", "built", "caches", "compat", "doctor", "engine", "image", "kernels", "knowledge", "lock",
-                  "pipeline", "payload",
-                  "platforms", "publish", "recipe", "render"},
+                  "lxc", "pipeline", "payload",
+                  "platforms", "publish", "recipe", "registry", "render"},
 }
 
 
@@ -244,7 +247,31 @@ def test_nothing_outside_cli_imports_cli():
 def test_recipe_and_knowledge_import_no_engine_registry_or_cli_code():
     graph = stage_graph()
     for stage in ("recipe", "knowledge", "compat"):
-        assert not graph.get(stage, set()) & {"engine", "publish", "image", "cli", "pipeline"}, stage
+        assert not graph.get(stage, set()) & {"engine", "publish", "registry", "lxc", "image", "cli", "pipeline"}, stage
+
+
+# Two publish targets that share nothing: a registry push and an LXC template each stand on image/
+# (and lxc/ on the engine), so a new target is a new package beside them, not an import of either.
+SEPARATE_TARGETS = ("registry", "lxc")
+
+
+def target_violations(root: Path = PACKAGE) -> list[str]:
+    """Imports between the publish targets (registry/ and lxc/), in either direction."""
+    bad = []
+    for path in sources(root):
+        stage = stage_of(module_name(path, root))
+        if stage not in SEPARATE_TARGETS:
+            continue
+        for module, line in imports_of(path, root):
+            target = stage_of(module) if module.startswith(root.name + ".") else ""
+            if target != stage and target in SEPARATE_TARGETS:
+                bad.append(f"{path.relative_to(root.parent)}:{line}: {stage} imports {module}")
+    return bad
+
+
+def test_registry_and_lxc_do_not_import_each_other():
+    assert {"registry", "lxc"} <= {stage_of(module_name(p)) for p in sources()}  # both exist: else it passes on nothing
+    assert target_violations() == []
 
 
 def test_nothing_outside_engine_names_an_engine():
@@ -315,6 +342,24 @@ def test_a_stage_importing_above_itself_is_reported(tmp_path):
                             "engine/docker.py": ""})
     assert stage_violations(root, {"recipe": set(), "engine": set()}) == [
         "imagebuild/recipe/model.py:2: recipe imports imagebuild.engine.docker"]
+
+
+@pytest.mark.parametrize("path, text", [
+    ("lxc/lxc.py", "from imagebuild.registry.push_source import parse_reference\n"),
+    ("registry/registry.py", "def f():\n    from imagebuild.lxc import rootfs_filter\n"),
+])
+def test_a_publish_target_importing_the_other_is_reported(tmp_path, path, text):
+    root = _tree(tmp_path, {"lxc/rootfs_filter.py": "", "registry/push_source.py": "", "image/oci.py": "",
+                            path: "from imagebuild.image import oci\n" + text})
+    bad = target_violations(root)
+    assert len(bad) == 1 and bad[0].startswith(f"imagebuild/{path}:"), bad
+
+
+def test_publish_targets_importing_image_only_pass(tmp_path):
+    root = _tree(tmp_path, {"lxc/lxc.py": "from imagebuild.image import oci\nfrom imagebuild.lxc import rootfs_filter\n",
+                            "lxc/rootfs_filter.py": "", "registry/registry.py": "from imagebuild.image.oci import x\n",
+                            "image/oci.py": "x = 1\n", "publish/by_lock.py": "from imagebuild.registry import registry\n"})
+    assert target_violations(root) == []
 
 
 def test_a_cycle_through_a_lazy_import_is_found(tmp_path):

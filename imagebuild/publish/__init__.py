@@ -1,17 +1,12 @@
-"""Getting an image to where it runs: a registry, or a Proxmox host.
+"""Build by lock against a registry: what a build does with a registry besides pushing its result.
 
-    push_source.py      what a push sends: an OCI layout (one image or an index), or an engine image exported as one
-    registry.py         push an OCI layout over the distribution protocol (skip, mount, chunked upload)
-    registry_client.py  one session with a registry: TLS, retries, the auth handshake
-    registry_auth.py    credentials (environment, docker config, helpers) and the challenge parser
-    by_lock.py          build by lock: the image pushed for a lock found by one HEAD, tagged, pushed with its lock tag
-    build_cache.py      a build pushed with BuildKit's inline cache metadata, for the next runner's --cache-from
-    kernel_layer.py     the [aot] layer of such an image read back as kernel cache entries (a fresh runner's seed)
-    lxc.py              an image as an LXC rootfs template (tar.zst) or an OCI archive for pct
-    rootfs_filter.py    what an LXC template keeps of an image's filesystem, and its init
-    lxc_gpu.py          NVIDIA passthrough lines for a container config; no libcuda in the image
-    lxc-init.sh         the init a template gets when its image has none
+    by_lock.py       the image pushed for a lock found by one HEAD, tagged, pushed with its lock tag
+    build_cache.py   a build pushed with BuildKit's inline cache metadata, for the next runner's --cache-from
+    kernel_layer.py  the [aot] layer of such an image read back as kernel cache entries (a fresh runner's seed)
 
-May import: image, engine, common, errors. A new publish target is a module here plus its command
-in cli/.
+Public surface: by_lock.RegistryTarget, lock_tag, reuse_by_lock, push_by_lock;
+build_cache.push_build_cache; kernel_layer.read_kernel_layer. The registry protocol itself is
+imagebuild.registry's.
+
+May import: registry, image, engine, common, errors.
 """

@@ -20,17 +20,17 @@ from hypothesis import strategies as st
 
 from imagebuild.cli import app as cli
 from imagebuild.errors import ImagebuildError
-from imagebuild.publish import registry
-from imagebuild.publish.registry_auth import (AuthFailed, Challenge, Credentials, CredentialsError, find_credentials,
+from imagebuild.registry import registry
+from imagebuild.registry.auth import (AuthFailed, Challenge, Credentials, CredentialsError, find_credentials,
                                               parse_docker_config, parse_upload_range, parse_www_authenticate,
                                               read_token, registry_key)
-from imagebuild.publish.registry_client import RegistryUnreachable
+from imagebuild.registry.client import RegistryUnreachable
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import registry_server
 from registry_server import Proxy, TokenService, make_tls, start_registry
 
-from imagebuild.publish import push_source
+from imagebuild.registry import push_source
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -449,7 +449,7 @@ def test_reference_examples():
 
 
 def test_token_request_and_reply():
-    from imagebuild.publish.registry_auth import token_request
+    from imagebuild.registry.auth import token_request
     challenge = Challenge("bearer", {"realm": "https://auth.test/t", "service": "reg"})
     request = token_request(challenge, ["repository:a:pull,push"], Credentials("u", "p"))
     assert request["params"] == [("service", "reg"), ("scope", "repository:a:pull,push")]

@@ -17,9 +17,9 @@ from pathlib import Path
 from imagebuild.common import Progress, cache_dir, quiet, write_atomic
 from imagebuild.errors import ImagebuildError
 from imagebuild.image.oci import LayoutError
-from imagebuild.publish.push_source import Blob, Manifest, Reference, export_engine_image, parse_reference, read_layout
-from imagebuild.publish.registry_auth import AuthFailed, Credentials, RegistryError, parse_upload_range
-from imagebuild.publish.registry_client import (RETRY_ERRORS, RETRY_STATUS, RegistryClient, describe,
+from imagebuild.registry.push_source import Blob, Manifest, Reference, export_engine_image, parse_reference, read_layout
+from imagebuild.registry.auth import AuthFailed, Credentials, RegistryError, parse_upload_range
+from imagebuild.registry.client import (RETRY_ERRORS, RETRY_STATUS, RegistryClient, describe,
                                                 with_query)
 
 DEFAULT_CHUNK = 64 << 20  # a lost connection costs at most one chunk

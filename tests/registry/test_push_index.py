@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from imagebuild.cli import app as cli
 from imagebuild.image import index, oci
 from imagebuild.image.oci import LayoutError
-from imagebuild.publish import push_source
+from imagebuild.registry import push_source
 from tests.image.test_oci import json_values
 from tests.image.test_oci_index import build_platform_image
 
@@ -28,7 +28,7 @@ from registry_server import start_registry  # noqa: E402
 REPO = f"imagebuild-test/push-index-{os.getpid()}"
 
 
-from tests.publish.test_registry import isolated  # noqa: E402,F401 -- autouse: no credentials, config or cache of the machine
+from tests.registry.test_registry import isolated  # noqa: E402,F401 -- autouse: no credentials, config or cache of the machine
 
 
 def imagebuild(capsys, *argv) -> tuple[int, dict]:
