@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from imagebuild.common import Progress, quiet
-from imagebuild.image.oci import MEDIA_INDEX, MEDIA_MANIFEST
-from imagebuild.registry.push_source import DOCKER_LIST, DOCKER_MANIFEST, Reference, parse_reference
+from imagebuild.image.oci import DOCKER_LIST, DOCKER_MANIFEST, MEDIA_INDEX, MEDIA_MANIFEST
+from imagebuild.registry.push_source import Reference, parse_reference
 from imagebuild.registry.registry import push_engine_image
 from imagebuild.registry.auth import RegistryError
 from imagebuild.registry.client import RegistryClient, describe

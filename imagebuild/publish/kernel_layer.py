@@ -28,8 +28,8 @@ from pathlib import Path
 
 from imagebuild.common import Progress, quiet, write_atomic
 from imagebuild.errors import ImagebuildError
-from imagebuild.image.oci import MEDIA_INDEX, MEDIA_MANIFEST
-from imagebuild.registry.push_source import DOCKER_LIST, DOCKER_MANIFEST, parse_reference
+from imagebuild.image.oci import DOCKER_LIST, DOCKER_MANIFEST, MEDIA_INDEX, MEDIA_MANIFEST
+from imagebuild.registry.push_source import parse_reference
 from imagebuild.registry.auth import RegistryError
 from imagebuild.registry.client import RegistryClient, describe
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
