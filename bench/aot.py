@@ -40,12 +40,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from imagebuild import pipeline  # noqa: E402
+from imagebuild import flows  # noqa: E402
 from imagebuild.engine.docker import DockerEngine  # noqa: E402
-from imagebuild.kernels import KernelStepWatch  # noqa: E402
+from imagebuild.flows.kernels import KernelStepWatch  # noqa: E402
 from imagebuild.lock import default_lock_path, read_lock, uv_binary  # noqa: E402
 from imagebuild.payload.probe.kernels_aot import STATS_MARK  # noqa: E402
-from imagebuild.pipeline import ca_bundle  # noqa: E402
+from imagebuild.flows import ca_bundle  # noqa: E402
 from imagebuild.recipe.model import load_recipe  # noqa: E402
 from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, render_context  # noqa: E402
 
@@ -120,7 +120,7 @@ def cold_kernel_step(engine, recipe_path: Path, folder: Path) -> dict:
 def fresh_runner(engine, image: str, library: Path, folder: Path, base_s: float) -> str:
     """Push `image` as a build cache, seed an empty kernel mount from it, build the library-only move on it."""
     from imagebuild.engine import BuildCache
-    from imagebuild.publish.build_cache import push_build_cache
+    from imagebuild.flows.build_cache import push_build_cache
     from tests import registry_server
     server = registry_server.start_registry(folder / "registry")
     mount = private_mount("fresh")
@@ -130,7 +130,7 @@ def fresh_runner(engine, image: str, library: Path, folder: Path, base_s: float)
         push_build_cache(engine, image, BuildCache(target=target, insecure_http=True))
         push_s = time.monotonic() - started
         started = time.monotonic()
-        seeded = pipeline.seed_kernels(read_lock(default_lock_path(load_recipe(library))),
+        seeded = flows.seed_kernels(read_lock(default_lock_path(load_recipe(library))),
                                        BuildCache(sources=(target,), insecure_http=True), engine, None, mount=mount)
         seed_s = time.monotonic() - started
         built = build_on_mount(engine, library, folder / "fresh", mount)
@@ -160,7 +160,7 @@ def moved(recipe_path: Path, folder: Path, name: str, edit) -> Path:
 
 def timed_build(engine, recipe: Path) -> tuple[float, object]:
     started = time.monotonic()
-    report = pipeline.build(recipe, engine, relock=True, rebuild=True, run_smoke=False)
+    report = flows.build(recipe, engine, flows.BuildOptions(relock=True, rebuild=True, run_smoke=False))
     return time.monotonic() - started, report
 
 
@@ -188,7 +188,7 @@ def main() -> None:
     made = []
     with tempfile.TemporaryDirectory(prefix="imagebuild-bench-aot-") as tmp:
         folder = Path(tmp)
-        default = pipeline.build(recipe, engine, run_smoke=False)  # the default kernel cache holds this lock's kernels
+        default = flows.build(recipe, engine, flows.BuildOptions(run_smoke=False))  # the default kernel cache holds this lock's kernels
         cold = cold_kernel_step(engine, recipe, folder)
         made.append(cold["image"])
         base_s = cold["seconds"]

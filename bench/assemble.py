@@ -65,7 +65,7 @@ from requests.adapters import HTTPAdapter
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from imagebuild import pipeline  # noqa: E402
+from imagebuild import flows  # noqa: E402
 from imagebuild.common import REPRO_EPOCH, cache_dir  # noqa: E402
 from imagebuild.engine.docker import DockerEngine  # noqa: E402
 from imagebuild.errors import ImagebuildError  # noqa: E402
@@ -712,7 +712,7 @@ def reference_image(lock, lock_path: Path,
     log: list[str] = []
     print(f"  building {recipe.name} as {tag} (no image of this lock in the engine)", flush=True)
     start = clock()
-    pipeline.build(recipe, engine, lock_path=lock_path, run_smoke=False, tag=tag, progress=log.append)
+    flows.build(recipe, engine, flows.BuildOptions(lock_path=lock_path, run_smoke=False, tag=tag, progress=log.append))
     return tag, True, clock() - start, BuildKitSteps.parse(log)
 
 

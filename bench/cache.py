@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from flagship import _Results, bench_recipe, clock  # noqa: E402
 
-from imagebuild import pipeline  # noqa: E402
+from imagebuild import flows  # noqa: E402
 from imagebuild.engine.contract import BuildCache  # noqa: E402
 from imagebuild.engine.docker import DockerEngine  # noqa: E402
 from tests import engine_daemon, registry_server  # noqa: E402
@@ -42,7 +42,7 @@ def bumped_recipe(recipe: Path) -> Path:
     return path
 
 
-def fresh_build(daemon, recipe: Path, cache: BuildCache | None, ca: str) -> tuple[float, pipeline.BuildReport]:
+def fresh_build(daemon, recipe: Path, cache: BuildCache | None, ca: str) -> tuple[float, flows.BuildReport]:
     """Build on runner B, whose store holds nothing (the base is imported from the cached rootfs)."""
     daemon.docker("builder", "prune", "-af")
     images = daemon.docker("images", "-aq").stdout.split()
@@ -50,7 +50,7 @@ def fresh_build(daemon, recipe: Path, cache: BuildCache | None, ca: str) -> tupl
         daemon.docker("rmi", "-f", *images)
     os.environ["DOCKER_HOST"] = daemon.host
     try:
-        return clock(lambda: pipeline.build(recipe, DockerEngine(), ca=ca, cache=cache, rebuild=True))
+        return clock(lambda: flows.build(recipe, DockerEngine(), flows.BuildOptions(ca=ca, cache=cache, rebuild=True)))
     finally:
         del os.environ["DOCKER_HOST"]
 
@@ -59,7 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    ca = str(pipeline.ca_bundle())
+    ca = str(flows.ca_bundle())
     results = _Results()
     engine = DockerEngine()
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
@@ -70,10 +70,10 @@ def main() -> None:
             ref = f"{registry.host}/imagebuild-bench/cache:main"
             recipe = bench_recipe(folder, "0.5.23", "0.7.2", "0.2.3.post2")
             bumped = bumped_recipe(recipe)
-            pipeline.lock(recipe)
-            pipeline.lock(bumped)
-            seconds, first = clock(lambda: pipeline.build(recipe, engine, ca=ca, rebuild=True, run_smoke=False,
-                                                          cache=BuildCache(target=ref, insecure_http=True)))
+            flows.lock(recipe)
+            flows.lock(bumped)
+            seconds, first = clock(lambda: flows.build(recipe, engine, flows.BuildOptions(ca=ca, rebuild=True, run_smoke=False,
+                                                          cache=BuildCache(target=ref, insecure_http=True))))
             results["runner_a_build_s"] = first.seconds["build"]
             results["runner_a_cache_push_s"] = first.seconds["cache_push"]
             results["registry_bytes_gb"] = sum(f.stat().st_size for f in registry.storage.rglob("data")) / 1e9

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from imagebuild import doctor
+from imagebuild.flows import doctor
 from imagebuild.engine import default_engine
 
 DEFAULT_IMAGE = "imagebuild/sglang-blackwell:0.5.23-cu130"

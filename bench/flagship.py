@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from imagebuild import pipeline  # noqa: E402
+from imagebuild import flows  # noqa: E402
 from imagebuild.bootstrap import ensure_base_image  # noqa: E402
 from imagebuild.engine.docker import DockerEngine  # noqa: E402
 from imagebuild.lock import read_lock  # noqa: E402
@@ -97,7 +97,7 @@ def bench_recipe(folder: Path, version: str, flashinfer: str, deep_gemm: str, ex
 def locked_bench(folder: Path, engine) -> tuple[Path, str]:
     """The flagship bench recipe at sglang 0.5.23, locked, and its base in the engine (as FROM names it)."""
     recipe = bench_recipe(folder, "0.5.23", "0.7.2", "0.2.3.post2")
-    pipeline.lock(recipe)
+    flows.lock(recipe)
     lock = read_lock(folder / "lockfiles" / "sglang-bench.lock")
     return recipe, ensure_base_image(lock.base, load_recipe(recipe).base, engine)
 
@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     engine = DockerEngine()
-    ca = pipeline.ca_bundle()
+    ca = flows.ca_bundle()
     results = _Results()
 
     with tempfile.TemporaryDirectory(prefix="bench-flagship-") as tmp:
@@ -156,7 +156,7 @@ def main() -> None:
             return seconds
 
         def ours_cold():
-            seconds, built = clock(lambda: pipeline.build(recipe, engine, run_smoke=False, ca=str(ca)))
+            seconds, built = clock(lambda: flows.build(recipe, engine, flows.BuildOptions(run_smoke=False, ca=str(ca))))
             results["ours_size_gb"] = built.size / 1e9
             return seconds, built
 
@@ -180,19 +180,19 @@ def main() -> None:
             if times:
                 results[f"{who}_cold_s"] = sum(times) / len(times)
         results["ours_cold_install_s"] = report.seconds["build"]
-        smoke_s, smoke = clock(lambda: pipeline.smoke(report.image, engine))
+        smoke_s, smoke = clock(lambda: flows.smoke(report.image, engine))
         results["ours_smoke_s"] = smoke_s
         ours_sizes = size_breakdown(report.image)
         waste = waste_report(report.image)
 
-        results["ours_noop_s"], _ = clock(lambda: pipeline.build(recipe, engine, ca=str(ca)))
+        results["ours_noop_s"], _ = clock(lambda: flows.build(recipe, engine, flows.BuildOptions(ca=str(ca))))
 
         # Move the sglang pin (0.5.23 -> 0.5.22, with the flashinfer and deep_gemm pins it needs), relock,
         # rebuild: the kernels, libraries and application layers change, the framework layer stays.
         # 0.5.22 pins cuda-tile 1.6.0rc5, which ships no wheel: left out, as `lock` advises.
         bumped = bench_recipe(folder, "0.5.22", "0.7.1", "0.2.2", exclude="cuda-tile")
-        results["ours_pin_bump_s"], bump = clock(lambda: pipeline.build(bumped, engine, relock=True,
-                                                                         run_smoke=False, ca=str(ca)))
+        results["ours_pin_bump_s"], bump = clock(lambda: flows.build(bumped, engine, flows.BuildOptions(relock=True,
+                                                                         run_smoke=False, ca=str(ca))))
         before = engine.inspect(report.image_id).diff_ids
         after = engine.inspect(bump.image_id).diff_ids
         shared = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), len(before))

@@ -43,11 +43,11 @@ def cold(engine, recipe: Path) -> None:
 
 
 def toolchain(engine) -> dict:
-    from imagebuild import platforms
+    from imagebuild import flows
     recipe = REPO / "recipes" / "cuda-toolchain-multiarch.toml"
     cold(engine, recipe)
     started = time.monotonic()
-    report = platforms.build(recipe, engine, rebuild=True)
+    report = flows.build(recipe, engine, flows.BuildOptions(rebuild=True))
     total = time.monotonic() - started
     rows = {arch: {"seconds": {k: round(v, 1) for k, v in one.seconds.items()}, "gb": round(one.size / 1e9, 3),
                    "deep_gemm": next((c["detail"] for c in one.smoke.report["checks"]

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from assemble import BuildKitSteps  # noqa: E402
 from flagship import DOCKER, _Results, baseline_build, bench_recipe, clock, locked_bench, prune, sh  # noqa: E402
 
-from imagebuild import pipeline  # noqa: E402
+from imagebuild import flows  # noqa: E402
 from imagebuild.engine.docker import DockerEngine  # noqa: E402
 from imagebuild.lock import uv_binary  # noqa: E402
 
@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     engine = DockerEngine()
-    ca = pipeline.ca_bundle()
+    ca = flows.ca_bundle()
     results = _Results()
     runs: dict[str, list[float]] = {"uv_cold": [], "ours_cold": [], "ours_cold_no_smoke": [], "ours_smoke": []}
 
@@ -98,8 +98,8 @@ def main() -> None:
 
         def ours_cold():
             log.clear()
-            seconds, built = clock(lambda: pipeline.build(recipe, engine, ca=str(ca), rebuild=True,
-                                                          progress=log.append))
+            seconds, built = clock(lambda: flows.build(recipe, engine, flows.BuildOptions(ca=str(ca), rebuild=True,
+                                                          progress=log.append)))
             results["ours_size_gb"] = built.size / 1e9
             return seconds, built
 
@@ -131,16 +131,16 @@ def main() -> None:
         results["ours_downloads_s"] = statistics.mean(runs["ours_cold"]) - warm
         report = rebuilt
 
-        results["noop_cache_kept_s"], again = clock(lambda: pipeline.build(recipe, engine, ca=str(ca)))
+        results["noop_cache_kept_s"], again = clock(lambda: flows.build(recipe, engine, flows.BuildOptions(ca=str(ca))))
         assert again.reused, "the no-op did not reuse the image"
         prune()
-        results["noop_builder_pruned_s"], again = clock(lambda: pipeline.build(recipe, engine, ca=str(ca)))
+        results["noop_builder_pruned_s"], again = clock(lambda: flows.build(recipe, engine, flows.BuildOptions(ca=str(ca))))
         assert again.reused, "the no-op after a builder prune did not reuse the image"
 
         # The smoke test, same image: checks at once (the default) against one at a time (as before).
         for jobs in ("default", "1", "default", "1"):
-            command = pipeline.PROBE_COMMAND + (() if jobs == "default" else ("--jobs", jobs))
-            seconds, done = clock(lambda: engine.run(report.image_id, command, timeout=pipeline.SMOKE_TIMEOUT_S))
+            command = flows.PROBE_COMMAND + (() if jobs == "default" else ("--jobs", jobs))
+            seconds, done = clock(lambda: engine.run(report.image_id, command, timeout=flows.SMOKE_TIMEOUT_S))
             assert done.exit_code == 0, done.stderr[-2000:]
             runs.setdefault(f"smoke_jobs_{jobs}", []).append(seconds)
         results["smoke_at_once_s"] = statistics.mean(runs["smoke_jobs_default"])
@@ -148,7 +148,7 @@ def main() -> None:
 
         # The real pin move: relock, build, smoke (what a pin bump costs before it is tagged).
         bumped = bench_recipe(folder, "0.5.22", "0.7.1", "0.2.2", exclude="cuda-tile")
-        results["pin_move_s"], bump = clock(lambda: pipeline.build(bumped, engine, relock=True, ca=str(ca)))
+        results["pin_move_s"], bump = clock(lambda: flows.build(bumped, engine, flows.BuildOptions(relock=True, ca=str(ca))))
         results["pin_move_smoke_s"] = bump.seconds["smoke"]
         for ref in {report.image, report.image_id, bump.image_id}:
             engine.remove(ref)

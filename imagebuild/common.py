@@ -5,6 +5,7 @@
     sha256_file()                 a file's sha256, read in chunks
     atomic_output(), write_atomic()  a file appears whole or not at all (temp file, then rename)
     host_arch(), MACHINES          Debian's architecture names against `uname -m`'s
+    platform_name(arch)           the OCI platform of an architecture: linux/arm64
     Progress, quiet                a progress callback (one line of text at a time) and the one that says nothing
 """
 
@@ -39,6 +40,11 @@ def host_arch(machine: str | None = None) -> str:
     import platform
     machine = (platform.machine() if machine is None else machine).lower()
     return {m: arch for arch, m in MACHINES.items()}.get(machine, machine)
+
+
+def platform_name(arch: str) -> str:
+    """The OCI platform of a Debian architecture name: amd64 -> linux/amd64."""
+    return f"linux/{arch}"
 
 
 def cache_dir() -> Path:

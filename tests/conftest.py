@@ -31,7 +31,7 @@ def missing_tool(*tools: str, package: str = "") -> None:
 
 # The files that take longest (docs/ci.md, "where the minutes go"), started first: with two workers each
 # taking whole files (scripts/host.sh), a long file that starts last is a tail nobody shares.
-LONGEST_FIRST = ("tests/test_flagship.py", "tests/test_zero_jit_releases.py", "tests/test_gallery.py")
+LONGEST_FIRST = ("tests/slow/test_flagship.py", "tests/slow/test_zero_jit_releases.py", "tests/slow/test_gallery.py")
 
 
 def pytest_collection_modifyitems(config, items):

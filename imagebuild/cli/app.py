@@ -1,4 +1,4 @@
-"""The `imagebuild` command: a thin layer over imagebuild.pipeline.
+"""The `imagebuild` command: a thin layer over imagebuild.flows.
 
 Exit codes: 0 ok, 1 findings with errors / failed build / failed smoke test, 2 bad input,
 3 engine or host tool unavailable. Every report has --json (stdout); progress goes to stderr.
@@ -15,15 +15,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from imagebuild import __version__, pipeline, platforms
+from imagebuild import __version__, flows
 from imagebuild.cli.examples import HelpFormatter, epilog
 from imagebuild.cli.options import engine_option
 from imagebuild.cli.output import (Progress, line, make_console, print_base_moves, print_error, print_findings,
                                    print_patch_results, print_smoke)
 from imagebuild.engine.contract import BuildCache
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildError, SmokeFailed
-from imagebuild.kernels import summary as kernel_summary
-from imagebuild.publish.by_lock import RegistryTarget
+from imagebuild.flows.kernels import summary as kernel_summary
+from imagebuild.flows.by_lock import RegistryTarget
 from imagebuild.recipe.model import image_ref_problem
 
 # Command groups that live beside their stage: each module's add_commands(command) adds subparsers
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     progress = Progress(err)
     if args.command == "check":
         with progress.spinning("checking"):
-            report = pipeline.check(args.recipe, lock_path=args.lock, progress=progress)
+            report = flows.check(args.recipe, lock_path=args.lock, progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
         else:
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             raise ImagebuildError("--upgrade-package and --upgrade-base: move the pins and the base in two locks, "
                                   "so each diff says what one move did")
         with progress.spinning("moving pins"):
-            report, diff, moved = platforms.upgrade_packages(args.recipe, args.upgrade_package, lock_path=args.lock,
+            report, diff, moved = flows.upgrade_packages(args.recipe, args.upgrade_package, lock_path=args.lock,
                                                              progress=progress)
         if args.json:
             out.print_json(data={**report.to_dict(), "upgraded": moved, "diff": diff.to_dict() if diff else None})
@@ -194,7 +194,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if args.command == "lock":
         with progress.spinning("locking"):
-            report = platforms.lock(args.recipe, lock_path=args.lock, upgrade_base=args.upgrade_base,
+            report = flows.lock(args.recipe, lock_path=args.lock, upgrade_base=args.upgrade_base,
                                     progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
@@ -208,7 +208,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if args.command == "render":
         with progress.spinning("rendering"):
-            path = pipeline.render(args.recipe, args.out, lock_path=args.lock, relock=args.relock,
+            path = flows.render(args.recipe, args.out, lock_path=args.lock, relock=args.relock,
                                    platform=args.platform, progress=progress)
         if args.json:
             out.print_json(data={"context": str(path), "dockerfile": str(path / "Dockerfile")})
@@ -234,15 +234,15 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         cache = BuildCache(tuple(args.cache_from), args.cache_to, args.registry_ca_cert, args.insecure_http) \
             if args.cache_from or args.cache_to else None
         with progress.spinning("building"):
-            report = platforms.build(args.recipe, engine, lock_path=args.lock, relock=args.relock,
+            report = flows.build(args.recipe, engine, flows.BuildOptions(lock_path=args.lock, relock=args.relock,
                                      run_smoke=not args.no_smoke, ca=args.ca_bundle,
                                      keep_failed=args.keep_failed, gpus=False if args.no_gpus else None,
                                      accept_unknown=args.accept_unknown,
                                      tag=args.tag, rebuild=args.rebuild, registry=registry, cache=cache,
-                                     progress=progress)
+                                     progress=progress))
         if args.json:
             out.print_json(data=report.to_dict())
-        elif isinstance(report, platforms.PlatformsBuildReport):
+        elif isinstance(report, flows.PlatformsBuildReport):
             print_findings(out, report.findings)
             for arch, one in report.platforms.items():
                 out.print(line((f"linux/{arch}", "bold")))
@@ -256,7 +256,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if args.command == "smoke":
         with progress.spinning("smoke test"):
-            report = pipeline.smoke(args.image, engine, gpus=False if args.no_gpus else None,
+            report = flows.smoke(args.image, engine, gpus=False if args.no_gpus else None,
                                     progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())

@@ -1,4 +1,4 @@
-"""`imagebuild doctor`: a thin layer over imagebuild.doctor."""
+"""`imagebuild doctor`: a thin layer over imagebuild.flows.doctor."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _variables(pairs: list[str]) -> dict[str, str]:
 
 
 def run_doctor(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from imagebuild import doctor
+    from imagebuild.flows import doctor
 
     variables = _variables(args.env)
     with err.status(line("doctor: gathering facts")):

@@ -11,9 +11,9 @@ from rich.console import Console
 
 from imagebuild.cli.output import line
 from imagebuild.errors import EXIT_OK, ImagebuildError
-from imagebuild.built import record_push
-from imagebuild.pipeline import lock_built
-from imagebuild.publish.by_lock import lock_tag
+from imagebuild.flows.built import record_push
+from imagebuild.flows import lock_built
+from imagebuild.flows.by_lock import lock_tag
 from imagebuild.registry.push_source import export_engine_image, parse_reference
 from imagebuild.registry.registry import DEFAULT_CHUNK, push
 

@@ -35,7 +35,7 @@ class BuildCache:
     `sources` (HOST/REPO:TAG references) and leaves its own for the next runner at `target`.
 
     Docker 20.10 has no `--cache-to`: it reads BuildKit's inline cache, whose metadata rides in the
-    image config, so the pipeline pushes the built image to `target` itself (publish/build_cache.py).
+    image config, so the pipeline pushes the built image to `target` itself (flows/build_cache.py).
     An engine that writes its cache during the build says so with `Engine.writes_cache`."""
     sources: tuple[str, ...] = ()
     target: str | None = None

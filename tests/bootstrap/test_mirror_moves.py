@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import pipeline
+from imagebuild import flows
 from imagebuild.bootstrap import locked_rootfs
 from imagebuild.common import sha256_file
 from imagebuild.errors import BaseFetchFailed
@@ -64,7 +64,7 @@ def locked(archive, tmp_path_factory):
     recipe.write_text(RECIPE.format(url=archive.url, extra=""))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("IMAGEBUILD_CACHE", str(tmp_path_factory.mktemp("cache")))
-        report = pipeline.lock(recipe)
+        report = flows.lock(recipe)
     lock_text = Path(report.lock_path).read_text()
     return recipe, Path(report.lock_path), lock_text
 
@@ -111,14 +111,14 @@ def test_a_mirror_that_moved_on_rebuilds_the_locked_rootfs_bit_for_bit(locked, a
     assert lock_path.read_text() == lock_text
 
     # a plain relock keeps the locked base as it is, as uv keeps pins
-    report = pipeline.lock(recipe)
+    report = flows.lock(recipe)
     assert not report.changed and report.base_moves == []
 
     # check sees the security fix waiting, naming the package and its suite
-    waiting = [f for f in pipeline.check(recipe).findings if f.rule == "base-updates"]
+    waiting = [f for f in flows.check(recipe).findings if f.rule == "base-updates"]
     assert len(waiting) == 1 and "bookworm-security" in waiting[0].message
     assert BUMPED in waiting[0].message and newer in waiting[0].evidence
-    assert [f.rule for f in pipeline.check(recipe).findings if f.rule.startswith("lock-")] == ["lock-fresh"]
+    assert [f.rule for f in flows.check(recipe).findings if f.rule.startswith("lock-")] == ["lock-fresh"]
 
 
 def test_upgrade_base_moves_to_the_new_version_and_names_it(locked, archive, real_debs, tmp_path, monkeypatch):
@@ -127,7 +127,7 @@ def test_upgrade_base_moves_to_the_new_version_and_names_it(locked, archive, rea
     _fresh_cache(monkeypatch, tmp_path)
     before = read_lock(lock_path)
     try:
-        report = pipeline.lock(recipe, upgrade_base=True)
+        report = flows.lock(recipe, upgrade_base=True)
         after = read_lock(lock_path)
         assert report.changed
         assert report.base_moves == [{"package": BUMPED, "old": before.base.packages[BUMPED], "new": newer,
@@ -135,7 +135,7 @@ def test_upgrade_base_moves_to_the_new_version_and_names_it(locked, archive, rea
         assert after.wheels == before.wheels  # every Python pin kept
         assert after.base.rootfs_sha256 != before.base.rootfs_sha256
         assert sha256_file(locked_rootfs(after.base, load_recipe(recipe).base)) == after.base.rootfs_sha256
-        assert not [f for f in pipeline.check(recipe).findings if f.rule == "base-updates"]
+        assert not [f for f in flows.check(recipe).findings if f.rule == "base-updates"]
     finally:
         lock_path.write_text(lock_text)
 
@@ -161,7 +161,7 @@ def test_a_deb_no_source_has_stops_the_build_naming_it_and_tags_nothing(locked, 
     tag = f"imagebuild-test/mirror-moves:gone-{os.getpid()}"
     try:
         with pytest.raises(BaseFetchFailed) as failed:
-            pipeline.build(recipe, engine, tag=tag, rebuild=True)
+            flows.build(recipe, engine, flows.BuildOptions(tag=tag, rebuild=True))
         message = str(failed.value)
         assert f"{BUMPED} {gone.version}" in message and "--upgrade-base" in message and "snapshot" in message
         assert engine.inspect(tag) is None
@@ -174,7 +174,7 @@ def test_a_deb_no_source_has_stops_the_build_naming_it_and_tags_nothing(locked, 
         (snapshot / "debian-security" / stamp / gone.filename).write_bytes(kept)
         text = recipe.read_text()
         recipe.write_text(text.replace("[python]", f'snapshot = "{archive.url}/snapshot"\n\n[python]'))
-        assert "lock-fresh" in [f.rule for f in pipeline.check(recipe).findings]  # where to fetch is not what
+        assert "lock-fresh" in [f.rule for f in flows.check(recipe).findings]  # where to fetch is not what
         assert sha256_file(locked_rootfs(base, load_recipe(recipe).base)) == base.rootfs_sha256
         recipe.write_text(text)
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from imagebuild import platforms
+from imagebuild import flows
 from imagebuild.cli.app import UsageError, _parser as build_parser
 from imagebuild.engine import DEFAULT_ENGINE, ENGINES, Engine, default_engine, engine_names
 from imagebuild.errors import ImagebuildError
@@ -38,17 +38,17 @@ def test_every_engine_option_offers_the_registry(command):
 def test_a_platform_endpoint_reaches_the_same_kind_of_engine_with_its_cli():
     docker = default_engine(DEFAULT_ENGINE)
     assert docker.reaches_endpoints()
-    own = platforms.engine_for(PlatformSpec("arm64", engine="ssh://builder@arm64.example"), docker)
+    own = flows.engine_for(PlatformSpec("arm64", engine="ssh://builder@arm64.example"), docker)
     assert type(own) is type(docker) and own is not docker and own.host == "ssh://builder@arm64.example"
     assert own.command("info")[1:3] == ["-H", "ssh://builder@arm64.example"]
-    assert platforms.engine_for(PlatformSpec("arm64"), docker) is docker  # no endpoint: the default
+    assert flows.engine_for(PlatformSpec("arm64"), docker) is docker  # no endpoint: the default
 
 
 def test_an_engine_that_builds_only_here_refuses_an_endpoint_naming_the_ones_that_can():
     local = [name for name in engine_names() if not default_engine(name).reaches_endpoints()]
     assert local, "the negative control needs an engine without endpoints"
     with pytest.raises(ImagebuildError) as caught:
-        platforms.engine_for(PlatformSpec("arm64", engine="ssh://x"), default_engine(local[0]))
+        flows.engine_for(PlatformSpec("arm64", engine="ssh://x"), default_engine(local[0]))
     said = str(caught.value)
     assert said.startswith("[platforms.arm64] engine = 'ssh://x'") and f"the {local[0]} engine cannot reach" in said
     assert f"--engine {DEFAULT_ENGINE}" in said

@@ -26,8 +26,8 @@ from imagebuild.errors import EngineUnavailable, ToolMissing
 from imagebuild.image import export, oci
 from imagebuild.image.layout import read_image
 from imagebuild.lock import ensure_fresh, read_lock, uv_binary
-from imagebuild import pipeline
-from imagebuild.pipeline import ca_bundle, smoke
+from imagebuild import flows
+from imagebuild.flows import ca_bundle, smoke
 from imagebuild.recipe.model import load_recipe
 from imagebuild.render import render_context, site_packages
 
@@ -131,8 +131,8 @@ def builds(engine, fresh_engine, made, tmp_path_factory) -> Builds:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("IMAGEBUILD_CACHE", str(tmp / "empty-imagebuild-cache"))
         started = time.monotonic()
-        report = pipeline.build(RECIPE, fresh_engine, lock_path=lock_path, tag=f"{REPO}:b", rebuild=True,
-                                progress=messages.append)
+        report = flows.build(RECIPE, fresh_engine, flows.BuildOptions(lock_path=lock_path, tag=f"{REPO}:b", rebuild=True,
+                                progress=messages.append))
         seconds = time.monotonic() - started
     b = Build(report.image, report.image_id, seconds,
               export.export_layout(fresh_engine, report.image, tmp / "layout-b", cache=cache))

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packaging.requirements import Requirement
 
-from imagebuild import pipeline
+from imagebuild import flows
 from imagebuild.compat import check_artifacts, check_overlaps, has_errors
 from imagebuild.errors import FindingsFailed
 from imagebuild.knowledge.cuda import CudaVersion
@@ -164,7 +164,7 @@ def lock_findings(write_recipe, requirements: list[str], toolkit: str | None, na
     text = RECIPE.format(requirements=repr(requirements).replace("'", '"'),
                          cuda=CUDA.format(toolkit=toolkit) if toolkit else "")
     try:
-        return pipeline.lock(write_recipe(text, name)).findings
+        return flows.lock(write_recipe(text, name)).findings
     except FindingsFailed as refused:
         return refused.findings
 
@@ -214,7 +214,7 @@ def resolved(write_recipe, requirements: list[str], toolkit: str | None, name: s
     """The lock a resolve gives, whatever the rules then say of it."""
     text = RECIPE.format(requirements=repr(requirements).replace("'", '"'),
                          cuda=CUDA.format(toolkit=toolkit) if toolkit else "")
-    return pipeline.resolved(load_recipe(write_recipe(text, name)))[0]
+    return flows.resolved(load_recipe(write_recipe(text, name)))[0]
 
 
 @pytest.mark.parametrize("pin", ["sgl-deep-gemm==0.2.2", "sgl-deep-gemm==0.2.3.post2", "sgl-deep-gemm==0.2.5"])
@@ -261,18 +261,18 @@ def test_the_flagship_lock_has_no_artifact_errors_with_its_prune_and_names_the_o
     settled by its [[prune]]; without that entry lock refuses it."""
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "sglang-blackwell.toml"
     text = recipe.read_text().replace('file = "patches/', f'file = "{recipe.parent}/patches/')
-    assert not has_errors(pipeline.lock(write_recipe(text, "flagship")).findings)
+    assert not has_errors(flows.lock(write_recipe(text, "flagship")).findings)
     entry = 'package = "flashinfer-python"\nremove = ["build_backend.py"]'
     assert entry in text
     with pytest.raises(FindingsFailed) as refused:
-        pipeline.lock(write_recipe(text.replace(entry, entry.replace("build_backend.py", "no_such.py")), "overlap"))
+        flows.lock(write_recipe(text.replace(entry, entry.replace("build_backend.py", "no_such.py")), "overlap"))
     (error,) = [f for f in refused.value.findings if f.rule == "file-overlap"]
     assert error.message.startswith("flashinfer-python and torch-c-dlpack-ext install 1 path(s)")
     assert error.evidence == "build_backend.py"
     # Pruning it from the one installed later would delete the file for both: refused too.
     later = text.replace(entry, entry.replace("flashinfer-python", "torch-c-dlpack-ext"))
     with pytest.raises(FindingsFailed) as refused:
-        pipeline.lock(write_recipe(later, "overlap-later"))
+        flows.lock(write_recipe(later, "overlap-later"))
     (error,) = [f for f in refused.value.findings if f.rule == "prune-deletes-shared-file"]
     assert "[[prune]] of torch-c-dlpack-ext deletes build_backend.py, which flashinfer-python installs" in error.message
     assert error.fix.startswith("prune it from flashinfer-python instead")

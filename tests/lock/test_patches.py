@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from imagebuild import pipeline
+from imagebuild import flows
 from imagebuild.errors import FindingsFailed, ImagebuildError
 from imagebuild.lock import read_lock
 from imagebuild.lock.patches import check_locked_patches, locked_wheel
@@ -46,7 +46,7 @@ def locked(write_recipe, tmp_path):
     from imagebuild.lock import resolve_lock
     first = resolve_lock(load_recipe(path), identify(load_recipe(path).base))
     (path.parent / "requests.patch").write_text(good_patch(first))
-    report = pipeline.lock(path)
+    report = flows.lock(path)
     return path, report
 
 
@@ -55,14 +55,14 @@ def test_a_patch_that_applies_passes_lock_and_check(locked):
     assert not report.findings
     (result,) = check_locked_patches(load_recipe(path), read_lock(report.lock_path))
     assert result.applies and result.checked == "2.32.3"
-    assert [(f.severity, f.rule) for f in pipeline.check(path).findings] == [("note", "lock-fresh")]
+    assert [(f.severity, f.rule) for f in flows.check(path).findings] == [("note", "lock-fresh")]
 
 
 def test_lock_refuses_a_patch_that_no_longer_applies_and_writes_nothing(write_recipe):
     path = write_recipe(RECIPE)
     (path.parent / "requests.patch").write_text(BAD_PATCH)
     with pytest.raises(FindingsFailed) as refused:
-        pipeline.lock(path)
+        flows.lock(path)
     (finding,) = refused.value.findings
     assert finding.rule == "patch-does-not-apply" and finding.severity == "error"
     assert finding.message.startswith(f"the patch {path.parent / 'requests.patch'} does not apply to requests "

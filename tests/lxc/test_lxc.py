@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from imagebuild.cli import app as cli
 from imagebuild.errors import ToolMissing
-from imagebuild.pipeline import PROBE_COMMAND
+from imagebuild.flows import PROBE_COMMAND
 from imagebuild.lxc import lxc, lxc_gpu, rootfs_filter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -539,9 +539,9 @@ def test_fake_image_as_an_oci_archive_proxmox_recognizes(engine, fake_image, tmp
 def toolchain(engine, tmp_path_factory):
     """The cuda-toolchain image, built through the library API if absent, under a tag of our own
     (other runs may remove the shared tag meanwhile); what this fixture made, it removes."""
-    from imagebuild import pipeline
+    from imagebuild import flows
     ref = f"imagebuild-test/lxc-toolchain:{os.getpid()}"
-    report = pipeline.build(TOOLCHAIN_RECIPE, engine, tag=ref)  # reused from the builder cache when built
+    report = flows.build(TOOLCHAIN_RECIPE, engine, flows.BuildOptions(tag=ref))  # reused from the builder cache when built
     yield ref
     engine.remove(report.image)
 
@@ -672,8 +672,8 @@ def test_toolchain_template_idles_and_stops_on_lxcs_halt_signal(unpacked):
 
 
 def pipeline_smoke(engine, image: str) -> dict:
-    from imagebuild import pipeline
-    return pipeline.smoke(image, engine).report
+    from imagebuild import flows
+    return flows.smoke(image, engine).report
 
 
 @docker_needed

@@ -455,7 +455,7 @@ def test_deep_gemm_without_sm120_kernels_fails_clearly(cuda_venv, tmp_path):
     assert "no source template for sm120_bf16_gemm_impl" in check["detail"] and str(fake) in check["detail"]
 
 
-# ---- the ML stack tiers (the real torch / FlashInfer runs are in tests/test_flagship.py) ----
+# ---- the ML stack tiers (the real torch / FlashInfer runs are in tests/slow/test_flagship.py) ----
 
 def test_imports_check_imports_each_module_in_its_own_process():
     passed = probe.check_imports({"imports": ["json", "email.mime.text"]})

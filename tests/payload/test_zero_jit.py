@@ -1,6 +1,6 @@
 """The zero-JIT check's pure parts, on this host: arguments for a loader taken from its own signature, the
 negative-control shape, the artifact checks and the verdict. The load proof itself needs the image's
-FlashInfer and SGLang: tests/test_flagship.py, test_gallery.py and test_zero_jit_releases.py run it."""
+FlashInfer and SGLang: tests/slow/test_flagship.py, test_gallery.py and test_zero_jit_releases.py run it."""
 
 from __future__ import annotations
 

@@ -14,14 +14,14 @@ import time
 import pytest
 import requests
 
-from imagebuild import pipeline
+from imagebuild import flows
 from imagebuild.cli.app import main as cli_main
 from imagebuild.engine.buildah import cache_flags as buildah_flags
 from imagebuild.engine.contract import BuildCache
 from imagebuild.engine.docker import DockerEngine, cache_flags as docker_flags
 from imagebuild.image.export import BUILDKIT_CACHE_KEY, normalized_config
 from tests import registry_server
-from tests.test_build import _copy_recipe
+from tests.flows.test_build import _copy_recipe
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
@@ -90,8 +90,8 @@ def test_a_fresh_runner_takes_unchanged_layers_from_the_cache_and_installs_only_
     bumped = _copy_recipe(write_recipe, "cache-bumped", requirements_extra='  "six==1.16.0",\n')
     first_ref = f"imagebuild-test/cache-first:{pid}"
     try:
-        first = pipeline.build(recipe, engine, tag=first_ref, rebuild=True,
-                               cache=BuildCache(target=cache_ref, insecure_http=True))
+        first = flows.build(recipe, engine, flows.BuildOptions(tag=first_ref, rebuild=True,
+                               cache=BuildCache(target=cache_ref, insecure_http=True)))
     finally:
         engine.remove(first_ref)
     assert first.cache == {"from": [], "to": cache_ref, "digest": first.cache["digest"], "written_by": "imagebuild"}
@@ -105,8 +105,8 @@ def test_a_fresh_runner_takes_unchanged_layers_from_the_cache_and_installs_only_
     runner = DockerEngine()
     downloads = len(blob_gets(registry))
     started = time.monotonic()
-    second = pipeline.build(bumped, runner, tag=f"imagebuild-test/cache-bumped:{pid}",
-                            cache=BuildCache(sources=(absent, cache_ref), insecure_http=True))
+    second = flows.build(bumped, runner, flows.BuildOptions(tag=f"imagebuild-test/cache-bumped:{pid}",
+                            cache=BuildCache(sources=(absent, cache_ref), insecure_http=True)))
     with_cache = time.monotonic() - started
     layers = runner.inspect(second.image_id).diff_ids
     # Every layer below the probe's files (which carry the lock) is the cache's own, pulled, not rebuilt:
@@ -125,7 +125,7 @@ def test_a_fresh_runner_takes_unchanged_layers_from_the_cache_and_installs_only_
     runner.remove(second.image_id)
     fresh_runner.docker("builder", "prune", "-af")
     started = time.monotonic()
-    third = pipeline.build(bumped, runner, tag=f"imagebuild-test/cache-bumped:{pid}", rebuild=True)
+    third = flows.build(bumped, runner, flows.BuildOptions(tag=f"imagebuild-test/cache-bumped:{pid}", rebuild=True))
     without_cache = time.monotonic() - started
     control = runner.inspect(third.image_id).diff_ids
     assert not set(control[1:]) & set(cached) and len(control) == len(layers)

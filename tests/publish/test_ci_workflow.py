@@ -19,7 +19,7 @@ import requests
 from ruamel.yaml import YAML
 
 from tests import registry_server
-from tests.test_build import _copy_recipe
+from tests.flows.test_build import _copy_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "build.yml"

@@ -1,9 +1,8 @@
-"""Several platforms built for real: recipes/cuda-toolchain-multiarch.toml for amd64 and arm64 (arm64
+"""Several platforms built for real (slow): recipes/cuda-toolchain-multiarch.toml for amd64 and arm64 (arm64
 under qemu-user-static emulation), each smoke-tested in its own container, joined by export-oci into
 one OCI image index that two builds reproduce (the second on a fresh engine of the test's own: a second
 local dockerd, tests/engine_daemon.py, with an empty builder cache), pushed as one tag to a real
-loopback registry and pulled back by platform with skopeo; and a platform built on its own engine (a
-second local dockerd on its own socket, standing in for a native Grace builder).
+loopback registry and pulled back by platform with skopeo.
 
 Images are tagged with this process's id and removed at the end (the lock-labelled images a build
 reuses are the engine's cache, as for every build); nothing of the session engine's builder cache is
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import platforms
+from imagebuild import flows
 from imagebuild.cli import app as cli
 from imagebuild.engine.docker import DockerEngine
 from imagebuild.errors import EngineUnavailable
@@ -27,27 +26,14 @@ from imagebuild.lock import read_lock
 from tests import registry_server
 
 pytestmark = pytest.mark.engine
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MULTI = ROOT / "recipes" / "cuda-toolchain-multiarch.toml"
 PID = os.getpid()
 DOCKER = os.environ.get("IMAGEBUILD_DOCKER_CLI", "/usr/bin/docker")
 
 
-def emulation_problem() -> str | None:
-    """Why arm64 binaries cannot run here, or None (scripts/host.sh registers qemu-user-static)."""
-    handler = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
-    if not handler.is_file() or not handler.read_text().startswith("enabled"):
-        return "no arm64 binfmt handler is registered: run scripts/host.sh (qemu-user-static, binfmt-support)"
-    return None
 
-
-def unavailable(why: str):
-    (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
-
-
-def built_tags(engine, ref: str) -> list[str]:
-    return [r for r in (ref, platforms.platform_ref(ref, "amd64"), platforms.platform_ref(ref, "arm64"))
-            if engine.inspect(r) is not None]
+from tests.flows.test_platforms_build import built_tags, emulation_problem, export, unavailable
 
 
 @pytest.mark.slow
@@ -60,7 +46,7 @@ def test_one_recipe_builds_amd64_and_arm64_into_one_reproducible_index_pushed_as
     server = registry_server.start_registry(tmp_path / "registry")
     try:
         # Built (never reused by lock) and smoke-tested (never a pass on record replayed), each platform.
-        report = platforms.build(MULTI, engine, tag=ref, rebuild=True)
+        report = flows.build(MULTI, engine, flows.BuildOptions(tag=ref, rebuild=True))
         assert set(report.platforms) == {"amd64", "arm64"} and report.native == "amd64"
         for arch, one in report.platforms.items():
             info = engine.inspect(one.image)
@@ -72,8 +58,8 @@ def test_one_recipe_builds_amd64_and_arm64_into_one_reproducible_index_pushed_as
         arm_checks = {c["name"]: c for c in report.platforms["arm64"].smoke.report["checks"]}
         assert arm_checks["deep-gemm-sm120"]["status"] == "pass"
         assert "sm_121" in arm_checks["deep-gemm-sm120"]["detail"]
-        assert engine.inspect(ref).id == engine.inspect(platforms.platform_ref(ref, "amd64")).id
-        machine = subprocess.run([DOCKER, "run", "--rm", "--network", "none", platforms.platform_ref(ref, "arm64"),
+        assert engine.inspect(ref).id == engine.inspect(flows.platform_ref(ref, "amd64")).id
+        machine = subprocess.run([DOCKER, "run", "--rm", "--network", "none", flows.platform_ref(ref, "arm64"),
                                   "python", "-c", "import platform; print(platform.machine())"],
                                  capture_output=True, text=True, check=True).stdout.strip()
         assert machine == "aarch64"
@@ -81,7 +67,7 @@ def test_one_recipe_builds_amd64_and_arm64_into_one_reproducible_index_pushed_as
         first = export(ref, tmp_path / "first")
         # Two builds, one index: the second on a fresh engine, from an empty builder cache (nothing to reuse).
         # Its bytes are what is compared; the first build's smoke tests proved these very contents.
-        again = platforms.build(MULTI, DockerEngine(host=fresh_runner.host), tag=ref, run_smoke=False)
+        again = flows.build(MULTI, DockerEngine(host=fresh_runner.host), flows.BuildOptions(tag=ref, run_smoke=False))
         assert not any(one.reused or one.smoke for one in again.platforms.values())
         with monkeypatch.context() as there:
             there.setenv("DOCKER_HOST", fresh_runner.host)  # export-oci's engine
@@ -103,52 +89,3 @@ def test_one_recipe_builds_amd64_and_arm64_into_one_reproducible_index_pushed_as
         server.stop()
         for tag in built_tags(engine, ref):
             subprocess.run([DOCKER, "rmi", tag], capture_output=True)
-
-
-def export(ref: str, out: Path) -> str:
-    """export-oci of both platforms' images into one layout: its index digest."""
-    amd, arm = platforms.platform_ref(ref, "amd64"), platforms.platform_ref(ref, "arm64")
-    assert cli.main(["export-oci", amd, arm, "-o", str(out), "--json"]) == 0
-    return index.read_index_layout(out).index.digest
-
-
-TINY = """\
-[image]
-name = "imagebuild-test/remote-builder"
-tag = "{tag}"
-
-[base]
-debian = "bookworm"
-packages = ["g++"]
-
-[python]
-requirements = ["six==1.16.0"]
-
-[platforms.amd64]
-engine = "{endpoint}"
-"""
-
-
-def test_a_platform_is_built_on_its_own_engine_and_copied_back(engine, fresh_runner, write_recipe):
-    tag = f"remote-{PID}"
-    ref = f"imagebuild-test/remote-builder:{tag}"
-    try:
-        recipe = write_recipe(TINY.format(tag=tag, endpoint=fresh_runner.host), name="remote-builder")
-        # No smoke: the probe fails an image without a CUDA toolchain by design; the slow test smokes.
-        report = platforms.build(recipe, engine, run_smoke=False)
-        one = report.platforms["amd64"]
-        assert "copy" in one.seconds and one.smoke is None
-        assert fresh_runner.docker("run", "--rm", "--network", "none", one.image, "python", "-c",
-                                   "import six; print(six.__version__)").stdout.strip() == "1.16.0"
-        # Built there (the builder holds it), and here under the same id for export-oci and push.
-        there = json.loads(fresh_runner.docker("image", "inspect", one.image).stdout)[0]["Id"]
-        assert there == one.image_id == engine.inspect(one.image).id == engine.inspect(ref).id
-        # Negative control: an endpoint with no engine behind it stops the build and tags nothing.
-        dead = write_recipe(TINY.format(tag=tag + "-dead", endpoint=f"unix://{fresh_runner.root}/nothing.sock"),
-                            name="remote-dead")
-        with pytest.raises(EngineUnavailable, match="nothing.sock"):
-            platforms.build(dead, engine, run_smoke=False)
-        assert engine.inspect(f"imagebuild-test/remote-builder:{tag}-dead-amd64") is None
-    finally:
-        for name in built_tags(engine, ref):
-            subprocess.run([DOCKER, "rmi", name], capture_output=True)

@@ -1,6 +1,6 @@
 """Reading a registry build cache's kernel layer (publish/kernel_layer.py): which layer, what is taken from it,
 and that no reply, config or tar stream ends in a traceback. The positive path on a real [aot] image pushed
-to a real registry is tests/test_zero_jit_releases.py (an empty kernel cache seeded, nothing compiled)."""
+to a real registry is tests/slow/test_zero_jit_releases.py (an empty kernel cache seeded, nothing compiled)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from imagebuild.publish.kernel_layer import KernelLayer, STEP_MARK, find_kernel_layer, lay_out, read_kernel_layer
+from imagebuild.flows.kernel_layer import KernelLayer, STEP_MARK, find_kernel_layer, lay_out, read_kernel_layer
 from tests.json_fuzz import json_values, replace_one_field
 from tests.registry_server import start_registry
 

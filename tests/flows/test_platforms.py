@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imagebuild import compat, platforms
+from imagebuild import compat, flows
 from tests.fake_base import debian_identity
 from imagebuild.errors import LockError, RecipeError, ResolveFailed
 from imagebuild.lock import Lock, LockedWheel, PlatformLocks, parse_locks, read_lock, resolve_lock, write_locks
@@ -155,7 +155,7 @@ def test_each_platforms_gpu_targets_are_checked_against_the_toolkit(tmp_path):
 def test_findings_every_platform_has_are_said_once_and_the_others_name_their_platform():
     shared = compat.Finding("note", "overlap", "two own a.py", "", "", "src")
     arm_only = compat.Finding("error", "no-nvcc", "no nvcc", "", "", "src")
-    merged = platforms.across_platforms({"amd64": [shared], "arm64": [shared, arm_only]})
+    merged = flows.across_platforms({"amd64": [shared], "arm64": [shared, arm_only]})
     assert [f.message for f in merged] == ["two own a.py", "linux/arm64: no nvcc"]
 
 

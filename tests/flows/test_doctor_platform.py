@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild import doctor
+from imagebuild.flows import doctor
 from imagebuild.cli import app as cli
 from imagebuild.errors import EXIT_FAILED, EXIT_OK
 

@@ -35,7 +35,7 @@ from imagebuild.payload import probe
 from imagebuild.payload.probe import bundle
 
 APPLY_PATCH = payload.PATCHER
-FLASHINFER_PATCH = Path(__file__).parent.parent / "recipes" / "patches" / "flashinfer-cuda-version.patch"
+FLASHINFER_PATCH = Path(__file__).resolve().parents[2] / "recipes" / "patches" / "flashinfer-cuda-version.patch"
 PROBE_TIMEOUT_S = 120
 # One argv string may hold at most 128 KiB on Linux (MAX_ARG_STRLEN): the zipapp travels as one argument.
 MAX_INLINE_PAYLOAD = 120_000

@@ -21,13 +21,14 @@ from tests.conftest import missing_tool
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild import compat, doctor
+from imagebuild import compat
+from imagebuild.flows import doctor
 from imagebuild.cli import app as cli
 from imagebuild.errors import EXIT_FAILED, EXIT_OK
 from imagebuild.payload import probe
 from imagebuild.payload.probe import bundle
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
 TOOLCHAIN = "cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.3.0"
 NO_HEADERS = "cuda-toolkit[nvcc,cudart]==13.0.3.0"  # no cccl wheel: nv/target: No such file
@@ -440,9 +441,9 @@ def test_an_interpreter_too_old_for_the_probe_is_refused_clearly(tmp_path):
 @pytest.fixture(scope="module")
 def toolchain_image(engine):
     """The cuda-toolchain image under a name of this test run's own, removed at the end."""
-    from imagebuild import pipeline
-    report = pipeline.build(REPO / "recipes" / "cuda-toolchain.toml", engine,
-                            tag=f"imagebuild-test/doctor-toolchain:{os.getpid()}")
+    from imagebuild import flows
+    report = flows.build(REPO / "recipes" / "cuda-toolchain.toml", engine,
+                            flows.BuildOptions(tag=f"imagebuild-test/doctor-toolchain:{os.getpid()}"))
     yield report.image
     engine.remove(report.image)
 

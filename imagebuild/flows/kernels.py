@@ -4,7 +4,7 @@ how many it took from the kernel cache, and the seconds its compiles took. The s
 and then nothing compiled and every kernel of the image came with the cached layer.
 
 A fresh runner's engine starts with an empty kernel cache mount: `seed_engine` fills it, before the build,
-from a folder of cache entries (publish/kernel_layer.py reads them out of a registry build cache), by a
+from a folder of cache entries (kernel_layer.py reads them out of a registry build cache), by a
 small build of its own (kernel-seed.Dockerfile.j2) that mounts the same cache.
 """
 

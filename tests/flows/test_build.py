@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import pipeline
+from imagebuild import flows
 from imagebuild.engine.docker import DockerEngine
 from imagebuild.errors import BuildFailed, EngineUnavailable, SmokeFailed
 from imagebuild.lock import read_lock
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "cuda-toolchain.toml"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 
@@ -45,7 +45,7 @@ def test_cuda_toolchain_builds_smokes_and_keeps_the_ca_out_of_its_layers(engine,
     bundle = tmp_path / "proxy-ca.pem"
     bundle.write_text(HOST_CA.read_text() + f"\n# {marker}\n")
     ref = f"imagebuild-test/cuda-toolchain:{os.getpid()}"
-    report = pipeline.build(RECIPE, engine, ca=str(bundle), tag=ref)
+    report = flows.build(RECIPE, engine, flows.BuildOptions(ca=str(bundle), tag=ref))
     cleanup.append(report.image)
     assert report.image == ref
     assert report.smoke.ok
@@ -63,7 +63,7 @@ def test_cuda_toolchain_builds_smokes_and_keeps_the_ca_out_of_its_layers(engine,
     assert found.stdout.strip() == "0", found.stdout
 
     # A no-op rebuild gives the same image and reuses the smoke result recorded for that image id.
-    again = pipeline.build(RECIPE, engine, ca=str(bundle), tag=ref)
+    again = flows.build(RECIPE, engine, flows.BuildOptions(ca=str(bundle), tag=ref))
     assert again.image_id == report.image_id
     assert again.smoke.cached
 
@@ -71,14 +71,14 @@ def test_cuda_toolchain_builds_smokes_and_keeps_the_ca_out_of_its_layers(engine,
 def test_a_failed_build_tags_nothing(engine, write_recipe, cleanup):
     name = f"broken-{os.getpid()}"
     recipe = _copy_recipe(write_recipe, name)
-    lock_report = pipeline.lock(recipe)
+    lock_report = flows.lock(recipe)
     lock_path = Path(lock_report.lock_path)
     data = json.loads(lock_path.read_text())
     data["packages"][-1]["wheel"]["sha256"] = "0" * 64  # the index will serve other bytes
     lock_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     cleanup.append(f"imagebuild-test/{name}:13.0")
     with pytest.raises(BuildFailed, match="no image was tagged"):
-        pipeline.build(recipe, engine)
+        flows.build(recipe, engine)
     assert engine.inspect(f"imagebuild-test/{name}:13.0") is None
 
 
@@ -87,7 +87,7 @@ def test_a_failed_smoke_test_tags_nothing_and_removes_the_image(engine, write_re
     recipe = _copy_recipe(write_recipe, name, env_extra='CUDA_HOME = "/usr/local/cuda"\n')
     cleanup.append(f"imagebuild-test/{name}:13.0")
     with pytest.raises(SmokeFailed, match=r"cuda-home.*was not tagged") as failure:
-        pipeline.build(recipe, engine)
+        flows.build(recipe, engine)
     checks = {c["name"]: c["status"] for c in failure.value.report["checks"]}
     assert checks["cuda-home"] == "fail"
     assert engine.inspect(f"imagebuild-test/{name}:13.0") is None
@@ -96,11 +96,11 @@ def test_a_failed_smoke_test_tags_nothing_and_removes_the_image(engine, write_re
 def test_bumping_the_application_pin_rebuilds_only_the_last_layers(engine, write_recipe, cleanup):
     name = f"bump-{os.getpid()}"
     recipe = _copy_recipe(write_recipe, name, requirements_extra='  "six==1.16.0",\n')
-    first = pipeline.build(recipe, engine)
+    first = flows.build(recipe, engine)
     first_layers = engine.inspect(first.image_id).diff_ids
     cleanup.append(first.image_id)
     recipe.write_text(recipe.read_text().replace("six==1.16.0", "six==1.17.0"))
-    second = pipeline.build(recipe, engine, relock=True)
+    second = flows.build(recipe, engine, flows.BuildOptions(relock=True))
     cleanup.append(second.image)
     second_layers = engine.inspect(second.image_id).diff_ids
     assert len(first_layers) == len(second_layers)
@@ -129,7 +129,7 @@ def test_pruned_files_never_reach_a_layer_and_leave_a_tombstone(engine, write_re
     recipe = _copy_recipe(write_recipe, name, requirements_extra='  "markupsafe==3.0.2",\n')
     recipe.write_text(recipe.read_text() + '\n[[prune]]\npackage = "MarkupSafe"\n'
                       'remove = ["markupsafe/_speedups*.so"]\nreason = "pure-Python escaping is enough here"\n')
-    report = pipeline.build(recipe, engine)
+    report = flows.build(recipe, engine)
     cleanup.append(report.image)
     assert report.smoke.ok
     assert engine.inspect(report.image).labels["io.imagebuild.pruned"] == "markupsafe"
@@ -194,16 +194,16 @@ class CountingEngine(DockerEngine):
 
 
 def test_an_image_from_the_same_lock_is_reused_without_a_build_and_rebuild_forces_one(engine, cleanup):
-    first = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/reuse-a:{os.getpid()}")
+    first = flows.build(RECIPE, engine, flows.BuildOptions(tag=f"imagebuild-test/reuse-a:{os.getpid()}"))
     cleanup.append(first.image)
     counting = CountingEngine()
-    second = pipeline.build(RECIPE, counting, tag=f"imagebuild-test/reuse-b:{os.getpid()}")
+    second = flows.build(RECIPE, counting, flows.BuildOptions(tag=f"imagebuild-test/reuse-b:{os.getpid()}"))
     cleanup.append(second.image)
     assert (second.reused, counting.builds, second.image_id) == (True, 0, first.image_id)
     assert second.smoke.cached and "build" not in second.seconds  # the smoke result on record for the id
     assert engine.inspect(second.image).labels["io.imagebuild.lock.sha256"] == read_lock(
         REPO / "lockfiles" / "cuda-toolchain.lock").sha256
-    third = pipeline.build(RECIPE, counting, tag=f"imagebuild-test/reuse-c:{os.getpid()}", rebuild=True)
+    third = flows.build(RECIPE, counting, flows.BuildOptions(tag=f"imagebuild-test/reuse-c:{os.getpid()}", rebuild=True))
     cleanup.append(third.image)
     assert (third.reused, counting.builds) == (False, 1)
 
@@ -211,7 +211,7 @@ def test_an_image_from_the_same_lock_is_reused_without_a_build_and_rebuild_force
 def test_a_changed_lock_is_not_reused(engine, write_recipe, cleanup):
     recipe = _copy_recipe(write_recipe, f"reuse-env-{os.getpid()}", env_extra='IMAGEBUILD_TEST_MARK = "1"\n')
     counting = CountingEngine()
-    report = pipeline.build(recipe, counting, run_smoke=False)
+    report = flows.build(recipe, counting, flows.BuildOptions(run_smoke=False))
     cleanup.append(report.image)
     assert (report.reused, counting.builds) == (False, 1)
 
@@ -227,7 +227,7 @@ def test_a_derived_image_carrying_the_lock_label_is_never_reused(engine, cleanup
     which lock an image descends from, not that the lock built it. Only the image on record is reused."""
     monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))
     lock = read_lock(REPO / "lockfiles" / "cuda-toolchain.lock")
-    real = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/reuse-real:{os.getpid()}", run_smoke=False)
+    real = flows.build(RECIPE, engine, flows.BuildOptions(tag=f"imagebuild-test/reuse-real:{os.getpid()}", run_smoke=False))
     cleanup.append(real.image)
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {real.image}\nRUN echo app > /opt/app.txt\n")
@@ -247,16 +247,16 @@ def test_a_derived_image_carrying_the_lock_label_is_never_reused(engine, cleanup
     assert engine.find_labelled("io.imagebuild.lock.sha256", lock.sha256) in impostors
 
     messages: list[str] = []
-    again = pipeline.build(RECIPE, CountingEngine(), tag=f"imagebuild-test/reuse-again:{os.getpid()}",
-                           run_smoke=False, progress=messages.append)
+    again = flows.build(RECIPE, CountingEngine(), flows.BuildOptions(tag=f"imagebuild-test/reuse-again:{os.getpid()}",
+                           run_smoke=False, progress=messages.append))
     cleanup.append(again.image)
     assert again.reused and again.image_id == real.image_id and again.image_id not in impostors
 
     # With nothing on record (another machine's cache), the label alone reuses nothing: it builds.
     monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "other-cache"))
     counting, messages = CountingEngine(), []
-    fresh = pipeline.build(RECIPE, counting, tag=f"imagebuild-test/reuse-fresh:{os.getpid()}", run_smoke=False,
-                           progress=messages.append)
+    fresh = flows.build(RECIPE, counting, flows.BuildOptions(tag=f"imagebuild-test/reuse-fresh:{os.getpid()}", run_smoke=False,
+                           progress=messages.append))
     cleanup.append(fresh.image)
     assert (fresh.reused, counting.builds) == (False, 1) and fresh.image_id not in impostors
     assert any("carries this lock's label but is not one built here" in m for m in messages)
@@ -271,27 +271,27 @@ def test_a_check_that_ends_unknown_stops_the_tag_unless_accepted_by_name(engine,
     recipe.write_text(recipe.read_text() + prune)
     ref = f"imagebuild-test/{name}:13.0"
     with pytest.raises(SmokeFailed) as failed:
-        pipeline.build(recipe, engine, tag=ref)
+        flows.build(recipe, engine, flows.BuildOptions(tag=ref))
     unknown = [c["name"] for c in failed.value.report["checks"] if c["status"] == "unknown"]
     assert unknown and all(c["status"] != "fail" for c in failed.value.report["checks"]), failed.value.report
     assert f"accept_unknown = {json.dumps(unknown)}" in str(failed.value) and engine.inspect(ref) is None
 
-    accepted = pipeline.build(recipe, engine, tag=ref, accept_unknown=True)
+    accepted = flows.build(recipe, engine, flows.BuildOptions(tag=ref, accept_unknown=True))
     cleanup.append(accepted.image)
     assert accepted.accepted_unknown == unknown and engine.inspect(ref) is not None
     engine.remove(ref)
     recipe.write_text(recipe.read_text().replace("[env]\n", f"[smoke]\naccept_unknown = {json.dumps(unknown)}\n\n[env]\n"))
-    by_name = pipeline.build(recipe, engine, tag=ref)
+    by_name = flows.build(recipe, engine, flows.BuildOptions(tag=ref))
     assert by_name.accepted_unknown == unknown and by_name.to_dict()["accepted_unknown"] == unknown
 
 
 def test_a_smoke_pass_on_record_is_one_images_with_or_without_gpus(engine, cleanup, tmp_path, monkeypatch):
     monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))
-    first = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/smoke-key:{os.getpid()}", gpus=False)
+    first = flows.build(RECIPE, engine, flows.BuildOptions(tag=f"imagebuild-test/smoke-key:{os.getpid()}", gpus=False))
     cleanup.append(first.image)
     assert first.smoke.ok and not first.smoke.cached
-    assert pipeline.smoke(first.image, engine, use_cache=True, gpus=False).cached
-    assert pipeline._smoke_cache(first.image_id, True) != pipeline._smoke_cache(first.image_id, False)
-    assert not pipeline._smoke_cache(first.image_id, True).exists()  # a pass without GPUs says nothing of them
-    rebuilt = pipeline.build(RECIPE, engine, tag=f"imagebuild-test/smoke-key:{os.getpid()}", gpus=False, rebuild=True)
+    assert flows.smoke(first.image, engine, use_cache=True, gpus=False).cached
+    assert flows.smoke_cache_path(first.image_id, True) != flows.smoke_cache_path(first.image_id, False)
+    assert not flows.smoke_cache_path(first.image_id, True).exists()  # a pass without GPUs says nothing of them
+    rebuilt = flows.build(RECIPE, engine, flows.BuildOptions(tag=f"imagebuild-test/smoke-key:{os.getpid()}", gpus=False, rebuild=True))
     assert not rebuilt.reused and not rebuilt.smoke.cached  # --rebuild runs the smoke test again

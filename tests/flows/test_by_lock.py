@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import pipeline
+from imagebuild import flows
 from imagebuild.cli.app import main as cli_main
 from imagebuild.errors import ImagebuildError
 from imagebuild.lock import read_lock
-from imagebuild.publish.by_lock import RegistryTarget, find_by_lock, lock_tag
+from imagebuild.flows.by_lock import RegistryTarget, find_by_lock, lock_tag
 from tests import registry_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def test_an_unknown_lock_is_not_found_by_a_head(registry):
 def test_a_registry_build_without_smoke_is_refused(registry):
     target = RegistryTarget(f"{registry.host}/imagebuild-test/by-lock", insecure_http=True)
     with pytest.raises(ImagebuildError, match="only smoke-tested images"):
-        pipeline.build(RECIPE, None, registry=target, run_smoke=False)
+        flows.build(RECIPE, None, flows.BuildOptions(registry=target, run_smoke=False))
 
 
 def test_second_run_of_an_unchanged_lock_reuses_the_pushed_image_without_downloading(engine, registry, capsys):
@@ -57,7 +57,7 @@ def test_second_run_of_an_unchanged_lock_reuses_the_pushed_image_without_downloa
     target = RegistryTarget(repository, insecure_http=True)
     ref = f"imagebuild-test/by-lock:{os.getpid()}"
     lock = read_lock(REPO / "lockfiles" / "cuda-toolchain.lock")
-    first = pipeline.build(RECIPE, engine, tag=ref, registry=target)
+    first = flows.build(RECIPE, engine, flows.BuildOptions(tag=ref, registry=target))
     try:
         assert first.smoke.ok and first.registry["pushed"] is True
         assert first.registry["reference"] == f"{repository}:{os.getpid()}"
@@ -79,7 +79,7 @@ def test_second_run_of_an_unchanged_lock_reuses_the_pushed_image_without_downloa
     assert blob_downloads(registry.log) == blob_downloads(registry.log)[:downloads_before]
 
     # --rebuild goes past the registry: the engine builds (or reuses its own image) and pushes again.
-    again = pipeline.build(RECIPE, engine, tag=ref, registry=target, rebuild=True)
+    again = flows.build(RECIPE, engine, flows.BuildOptions(tag=ref, registry=target, rebuild=True))
     try:
         assert again.registry["pushed"] is True and again.registry["digest"] == first.registry["digest"]
     finally:
@@ -95,7 +95,7 @@ def test_push_of_an_image_built_from_a_lock_also_pushes_its_lock_tag_and_a_deriv
     target = RegistryTarget(repository, insecure_http=True)
     lock = read_lock(REPO / "lockfiles" / "cuda-toolchain.lock")
     ref = f"imagebuild-test/push-lock:{os.getpid()}"
-    built = pipeline.build(RECIPE, engine, tag=ref)
+    built = flows.build(RECIPE, engine, flows.BuildOptions(tag=ref))
     derived = f"imagebuild-test/push-lock-derived:{os.getpid()}"
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {ref}\nRUN echo app > /opt/app.txt\n")

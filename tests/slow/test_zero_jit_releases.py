@@ -21,19 +21,19 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import pipeline
+from imagebuild import flows
 from imagebuild.engine import BuildCache
 from imagebuild.image import export
 from imagebuild.image.oci import blob_path
-from imagebuild.kernels import KernelStepWatch
+from imagebuild.flows.kernels import KernelStepWatch
 from imagebuild.lock import read_lock, uv_binary
-from imagebuild.pipeline import ca_bundle
+from imagebuild.flows import ca_bundle
 from imagebuild.registry.registry import push
 from imagebuild.recipe.model import load_recipe
 from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, render_context
 from tests import registry_server
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NEWEST = "0.7.4"
 
 RECIPE = """\
@@ -102,8 +102,8 @@ def newest(engine, tmp_path_factory):
     """The one-shape recipe on FlashInfer 0.7.4, built (never reused by lock) and smoke-tested, then removed."""
     slug = NEWEST.replace(".", "-") + f"-{os.getpid()}"
     recipe = write(tmp_path_factory.mktemp("newest") / "recipes", slug)
-    report = pipeline.build(recipe, engine, tag=f"imagebuild-test/flashinfer-aot-{slug}:{NEWEST}", relock=True,
-                            rebuild=True)
+    report = flows.build(recipe, engine, flows.BuildOptions(tag=f"imagebuild-test/flashinfer-aot-{slug}:{NEWEST}", relock=True,
+                            rebuild=True))
     yield recipe, report
     engine.remove(report.image)
 
@@ -133,8 +133,8 @@ def test_a_library_only_pin_move_reruns_the_kernel_step_and_compiles_nothing(eng
     # This run's own value below the kernel step too, so an engine that built this move before (a warm CI
     # machine) cannot take the step from its builder cache: the step must run to show the kernel cache.
     recipe = write(tmp_path / "recipes", slug, LIBRARY_ONLY, env=f'IMAGEBUILD_TEST_RUN = "{os.getpid()}"\n')
-    report = pipeline.build(recipe, engine, tag=f"imagebuild-test/flashinfer-aot-{slug}:{NEWEST}", relock=True,
-                            rebuild=True, run_smoke=False)
+    report = flows.build(recipe, engine, flows.BuildOptions(tag=f"imagebuild-test/flashinfer-aot-{slug}:{NEWEST}", relock=True,
+                            rebuild=True, run_smoke=False))
     try:
         assert report.image_id != first.image_id
         # The step ran (a layer below it changed) and found its one module in the kernel cache.
@@ -211,7 +211,7 @@ def test_an_empty_kernel_cache_takes_the_kernels_of_the_registry_build_cache(eng
         target = f"{server.host}/team/flashinfer-aot:buildcache"
         push(newest_layout.path, target, insecure_http=True, remember=False)
         missing = f"{server.host}/team/flashinfer-aot:buildcache-none"  # a first run's reference: skipped
-        seeded = pipeline.seed_kernels(read_lock(Path(first.lock_path)),
+        seeded = flows.seed_kernels(read_lock(Path(first.lock_path)),
                                        BuildCache(sources=(missing, target), insecure_http=True), engine, None,
                                        mount=mount)
         assert seeded["source"] == target and seeded["flashinfer"] == 1 and not seeded["refused"], seeded

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import pipeline
+from imagebuild import flows
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "cuda-toolchain.toml"
 RELEASES = ("0.2.2", "0.2.3", "0.2.3.post2", "0.2.5")
 PINNED = "0.2.3.post2"
@@ -36,7 +36,7 @@ def built(engine, tmp_path_factory):
             recipe.write_text(text.replace('name = "imagebuild/cuda-toolchain"', f'name = "imagebuild-test/{name}"'))
             ref = f"imagebuild-test/{name}:13.0"
             try:
-                report = pipeline.build(recipe, engine, tag=ref, relock=True, rebuild=True)
+                report = flows.build(recipe, engine, flows.BuildOptions(tag=ref, relock=True, rebuild=True))
                 assert not report.reused and not report.smoke.cached
             except Exception as error:  # a failed smoke is the finding: keep it for the test to show
                 refs[version] = error

@@ -6,7 +6,7 @@ image path, and the step's manifest, which gives each FlashInfer module the key 
 The next runner names the reference in --cache-from; its engine's kernel cache mount is empty, so when a
 layer below the step changed the step would compile everything again. Instead, this module reads that
 one layer from the registry (megabytes, where the image is gigabytes) and lays its kernels out as kernel
-cache entries (payload/probe/kernel_cache.py's layout), which imagebuild.kernels puts into the mount.
+cache entries (payload/probe/kernel_cache.py's layout), which imagebuild.flows.kernels puts into the mount.
 
 Everything read here is outside input: a reference with no such image, an image without a kernel layer, a
 layer whose manifest or files do not match what they claim, give a `KernelLayer` with `why` said and no

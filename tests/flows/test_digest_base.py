@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import pipeline
+from imagebuild import flows
 from imagebuild.bootstrap import ensure_base_image
 from imagebuild.lock import read_lock
 from imagebuild.recipe import load_recipe
 from tests.registry_server import missing_tools, start_registry
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCKER = "/usr/bin/docker"
 
 pytestmark = pytest.mark.engine
@@ -53,7 +53,7 @@ def test_a_digest_pinned_base_builds_and_smokes(engine, registry, write_recipe):
     assert digest_ref in text
     recipe = write_recipe(text, "on-digest")
     try:
-        report = pipeline.build(recipe, engine)
+        report = flows.build(recipe, engine)
         assert report.smoke.ok
         lock = read_lock(recipe.parent.parent / "lockfiles" / "on-digest.lock")
         assert lock.base.kind == "image" and lock.base.ref == digest_ref

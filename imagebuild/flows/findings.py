@@ -1,0 +1,168 @@
+"""The findings every flow gathers before it does anything: the recipe's rules, what a lock says of
+itself (fresh or stale, its patches, the base's updates, what its wheels declare), and how several
+platforms' findings are said once.
+
+    stop_on_errors(findings, recipe)  an error stops the flow (FindingsFailed), each finding located
+    located(recipe, findings)         each finding about a recipe key gets that key's file and line
+    merged(before, after)             one problem two rules saw, said once
+    across_platforms({arch: [...]})   every platform's findings once, those of only some named by platform
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from imagebuild import compat
+from imagebuild.base.identity import BaseIdentity
+from imagebuild.bootstrap import pending_updates
+from imagebuild.common import Progress, cache_dir, host_arch, platform_name, quiet
+from imagebuild.errors import FindingsFailed, ImagebuildError, RecipeError
+from imagebuild.lock import Lock, stale_reasons
+from imagebuild.recipe.model import DebianBase, Recipe
+
+
+def base_glibc(recipe: Recipe) -> str:
+    """The base's glibc without bootstrapping it: from the suite's facts or the recipe."""
+    if isinstance(recipe.base, DebianBase):
+        return compat.debian_suite(recipe.base.suite).glibc
+    return recipe.base.glibc
+
+
+def recipe_findings(recipe: Recipe) -> list:
+    """The rules knowable before resolving; errors stop the flow here."""
+    findings = compat.check_recipe(recipe, base_glibc(recipe))
+    stop_on_errors(findings, recipe)
+    return findings
+
+
+def lock_findings(recipe: Recipe, locked: Lock, path: Path, progress: Progress = quiet) -> list:
+    """What `check` says of a lock: fresh or stale (and why), its patches, and security fixes waiting."""
+    where = f"{platform_name(locked.base.arch)}: " if recipe.platforms or locked.base.arch != host_arch() else ""
+    reasons = stale_reasons(locked, recipe)
+    if reasons:
+        findings = [compat.Finding("warning", "lock-stale", f"{where}{path} is stale", "; ".join(reasons),
+                                   f"`imagebuild lock {recipe.path}` refreshes it", "imagebuild")]
+    else:
+        findings = [compat.Finding("note", "lock-fresh", f"{where}{path} is fresh for {recipe.path.name}",
+                                   f"lock sha256 {locked.sha256}", "nothing to do", "imagebuild")]
+    if recipe.patches:
+        findings += patch_findings(recipe, locked)
+    if isinstance(recipe.base, DebianBase) and locked.base.kind == "debian":
+        findings += base_update_findings(recipe, locked.base, where, progress)
+    return findings
+
+
+def base_update_findings(recipe: Recipe, locked: BaseIdentity, where: str = "", progress: Progress = quiet) -> list:
+    """One warning per suite that carries newer versions of locked packages (security fixes waiting)."""
+    try:
+        waiting = pending_updates(locked, recipe.base, progress)
+    except ImagebuildError as err:
+        return [compat.Finding("warning", "base-updates-unknown", f"{where}could not read the base's suites to "
+                               "look for updates", str(err), "check again when the mirror answers", "imagebuild",
+                               key="base")]
+    findings = []
+    for suite in sorted({item["suite"] for item in waiting}):
+        items = [item for item in waiting if item["suite"] == suite]
+        kind = "security fixes waiting" if suite.endswith("-security") else "updates waiting"
+        findings.append(compat.Finding(
+            "warning", "base-updates", f"{where}{suite} has newer versions of {len(items)} locked base "
+            f"package(s) ({kind}): {', '.join(item['package'] for item in items)}",
+            "; ".join(f"{item['package']} {item['locked']} -> {item['newest']}" for item in items),
+            f"`imagebuild lock {recipe.path} --upgrade-base`, then rebuild", f"the {suite} Packages index",
+            key="base"))
+    return findings
+
+
+def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = quiet) -> tuple[list, dict]:
+    """What the locked wheels say of themselves (lock/artifacts.py), judged by compat.check_artifacts;
+    and where their RECORDs put nvcc and deep_gemm (Artifacts.layout), for the lock's cuda facts."""
+    from imagebuild.lock.artifacts import read_artifacts
+    artifacts = read_artifacts(locked.wheels, cache_dir() / "wheel-files", progress)
+    requirements = {name: found for name in artifacts.wheels if name != "torch"
+                    for found in [artifacts.requires_of(name, "torch")] if found}
+    findings = compat.check_artifacts(
+        recipe.cuda.toolkit if recipe.cuda else None, locked.packages, torch_cuda=artifacts.torch_cuda(),
+        nvcc=artifacts.nvcc_carriers(), torch_requirements=requirements,
+        overlaps=artifacts.overlaps((w.name for w in locked.wheels),
+                                    removed={e.package: e.remove for e in recipe.prune}),
+        cuda12=artifacts.cuda12_builds())
+    for name, why in sorted(artifacts.unread.items()):
+        findings.append(compat.Finding("warning", "wheel-unread", f"the file list of {name} could not be read, "
+                                       "so it was not checked for overlaps or CUDA builds", why,
+                                       "relock when the index answers", compat.ARTIFACT_SOURCE))
+    return findings, artifacts.layout()
+
+
+def patch_findings(recipe: Recipe, locked: Lock) -> list:
+    """An error finding for each recipe patch that does not apply to the wheel the lock installs,
+    naming the file and hunk (the same words as `imagebuild patches`)."""
+    from imagebuild.lock.patches import check_locked_patches
+    findings = []
+    keys = {str(patch.path): f"patches[{index}].file" for index, patch in enumerate(recipe.patches)}
+    for result in check_locked_patches(recipe, locked):
+        if result.applies:
+            continue
+        findings.append(compat.Finding(
+            "error", "patch-does-not-apply",
+            f"the patch {result.patch} does not apply to {result.package} {result.checked}: "
+            + "; ".join(result.problems),
+            "; ".join(result.problems),
+            f"regenerate the patch against {result.package} {result.checked}, or pin the release it was "
+            f"made for (`imagebuild patches {recipe.path} --version {result.package}==VERSION` checks one)",
+            f"the locked wheel of {result.package} {result.checked}", key=keys.get(result.patch)))
+    return findings
+
+
+def locked_findings(recipe: Recipe, locked: Lock, *, patches: bool) -> list:
+    """The rules over one platform's fresh lock (and its patches against the locked wheels, unless a
+    relock has just checked them)."""
+    findings = compat.check_resolved(recipe, locked.packages, locked.base.glibc)
+    return findings + patch_findings(recipe, locked) if patches and recipe.patches else findings
+
+
+def located(recipe: Recipe, findings: list) -> list:
+    """Each finding about a recipe key gets that key's file and line (what the human output shows)."""
+    from imagebuild.recipe.reader import key_path, locate, read_source
+    try:
+        text = read_source(recipe.path)
+    except RecipeError:
+        return findings
+    out = []
+    for finding in findings:
+        if finding.key and not finding.where:
+            line = locate(text, key_path(finding.key))
+            finding = replace(finding, where=f"{recipe.path}:{line}" if line else str(recipe.path))
+        out.append(finding)
+    return out
+
+
+def merged(before: list, after: list) -> list:
+    """Recipe-time and lock-time rules can both see one problem (glibc vs nvcc): report it once."""
+    seen = {(f.rule, f.message) for f in before}
+    return before + [f for f in after if (f.rule, f.message) not in seen]
+
+
+def across_platforms(found: dict[str, list]) -> list:
+    """Findings of every platform, once: one that every platform has is said plainly, one that only
+    some have names them. One platform's findings are said as they are."""
+    if len(found) == 1:
+        return next(iter(found.values()))
+    keys = {arch: {(f.rule, f.message) for f in findings} for arch, findings in found.items()}
+    everywhere = set.intersection(*keys.values()) if keys else set()
+    out, seen = [], set()
+    for arch, findings in found.items():
+        for finding in findings:
+            key = (finding.rule, finding.message)
+            if key in everywhere:
+                if key not in seen:
+                    seen.add(key)
+                    out.append(finding)
+            else:
+                out.append(replace(finding, message=f"{platform_name(arch)}: {finding.message}"))
+    return out
+
+
+def stop_on_errors(findings: list, recipe: Recipe | None = None) -> None:
+    if compat.has_errors(findings):
+        raise FindingsFailed(located(recipe, findings) if recipe is not None else findings)
