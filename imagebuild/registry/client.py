@@ -18,7 +18,7 @@ from imagebuild import __version__
 from imagebuild.common import Progress, quiet
 from imagebuild.errors import EXIT_UNAVAILABLE, ImagebuildError
 from imagebuild.registry.auth import (AuthFailed, Challenge, Credentials, RegistryError, find_credentials,
-                                              login_hint, parse_www_authenticate, read_token, token_request)
+                                      login_hint, parse_www_authenticate, read_token, token_request)
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 RETRY_ERRORS = (requests.ConnectionError, requests.Timeout)

@@ -21,7 +21,7 @@ from imagebuild.image.oci import LayoutError
 from imagebuild.registry.push_source import Reference, export_engine_image, parse_reference
 from imagebuild.registry.auth import AuthFailed, Credentials, RegistryError, parse_upload_range
 from imagebuild.registry.client import (RETRY_ERRORS, RETRY_STATUS, RegistryClient, describe,
-                                                with_query)
+                                        with_query)
 
 DEFAULT_CHUNK = 64 << 20  # a lost connection costs at most one chunk
 _BLOCK = 1 << 20  # bytes read from a blob file at a time

@@ -23,8 +23,8 @@ from imagebuild.errors import ImagebuildError
 from imagebuild.image.layout import read_layout
 from imagebuild.registry import registry
 from imagebuild.registry.auth import (AuthFailed, Challenge, Credentials, CredentialsError, find_credentials,
-                                              parse_docker_config, parse_upload_range, parse_www_authenticate,
-                                              read_token, registry_key)
+                                      parse_docker_config, parse_upload_range, parse_www_authenticate,
+                                      read_token, registry_key)
 from imagebuild.registry.client import RegistryUnreachable
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
