@@ -17,7 +17,7 @@ the kernel cache existed). Against it, as ratios:
   docker-registry (what --cache-to does), then the library-only move built on an empty kernel cache mount of
   this run's own, seeded first from that registry image's kernel layer (what --cache-from does): how long
   the push, the seed and the build took, and how many kernels compiled (the claim: none). The layers below
-  come from this engine's builder cache; pulling them from a registry is tests/flows/test_build_cache.py's.
+  come from this engine's builder cache; pulling them from a registry is tests/slow/test_fresh_runner_cache.py's.
 
 - identity: the cold step's image and the image built with the engine's kernel cache exported as OCI layouts,
   their layers (diff_ids) compared: the same bytes from two compiles give the same layers.

@@ -1,7 +1,7 @@
 """imagebuild: reproducible container images for GPU machine learning.
 
 The pipeline, one module a stage:
-recipe -> compat -> lock -> render -> engine.build -> smoke.
+recipe -> knowledge (rules) -> lock -> render -> engine.build -> smoke.
 """
 
 __version__ = "0.1.0"

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from imagebuild.common import cache_dir
+from imagebuild.render.paths import OWN_STEP
 
 # folder -> what it holds (what a trim costs the next build)
 FOLDERS = {
@@ -88,7 +89,7 @@ def usage(engine=None) -> CacheReport:
         entries = _entries(root / name)
         report.folders.append(Usage(name, str(root / name), sum(e[1] for e in entries), len(entries), holds))
     if engine is not None:
-        report.mounts = engine.cache_mounts()
+        report.mounts = engine.cache_mounts(OWN_STEP)
     return report
 
 

@@ -62,7 +62,7 @@ class FindingsFailed(ImagebuildError):
 
     def __init__(self, findings):
         self.findings = list(findings)
-        errors = [f for f in self.findings if f.severity == "error"]
+        errors = [f for f in self.findings if f.stops_build]
         lines = [f"{len(errors)} compatibility error(s):"]
         lines += [f"  - {f.message}\n    fix: {f.fix}" for f in errors]
         super().__init__("\n".join(lines))

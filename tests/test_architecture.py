@@ -3,8 +3,10 @@
 - payload/ (copied into images, run on the image's own Python) imports only the standard library
   and itself;
 - each stage imports only the stages below it (ALLOWED); nothing outside cli/ imports cli/;
-- the two publish targets, registry/ and lxc/, do not import each other;
-- no import cycle between modules, nor between stages.
+- no import cycle between modules, nor between stages;
+- only render/ (paths.py) and payload/ write an in-image path (/opt/imagebuild/...).
+- (test_architecture_names.py) no module imports another's underscore names, and one Finding type;
+- (test_architecture_targets.py) the two publish targets, registry/ and lxc/, do not import each other.
 
 Every import counts, those inside functions included: a lazy import is still a dependency.
 """
@@ -20,7 +22,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "imagebuild"
 
 # Stage -> the stages it may import ("" is imagebuild/__init__.py: the version). errors and common
-# are the low modules every stage may use; they import nothing of ours.
+# are the low modules every stage may use; they import nothing of ours. knowledge/ is two layers, each
+# its row (SUBSTAGES): the facts (cuda, facts, finding) below recipe, and the rules above it, since a
+# recipe is what they judge; recipe imports the facts, never the rules.
 LOW = {"", "errors", "common"}
 ALLOWED = {
     "errors": set(),
@@ -28,21 +32,23 @@ ALLOWED = {
     "payload": set(),
     "knowledge": LOW,
     "recipe": LOW | {"knowledge"},
-    "compat": LOW | {"knowledge", "recipe"},
+    "knowledge.rules": LOW | {"knowledge", "recipe"},
     "engine": LOW,
     "base": LOW,
-    "caches": LOW,
+    "caches": LOW | {"render"},
     "bootstrap": LOW | {"base", "engine", "recipe"},
     "lock": LOW | {"base", "knowledge", "payload", "recipe"},
     "render": LOW | {"lock", "payload", "recipe"},
     "image": LOW | {"engine", "lock", "render"},
     "registry": LOW | {"image"},
     "lxc": LOW | {"engine", "image"},
-    "flows": LOW | {"base", "bootstrap", "compat", "engine", "image", "knowledge", "lock", "payload", "recipe", "registry",
-                    "render"},
-    "cli": LOW | {"base", "bootstrap", "caches", "compat", "engine", "flows", "image", "knowledge", "lock", "lxc", "payload",
-                  "recipe", "registry", "render"},
+    "flows": LOW | {"base", "bootstrap", "engine", "image", "knowledge", "knowledge.rules", "lock", "payload", "recipe",
+                    "registry", "render"},
+    "cli": LOW | {"base", "bootstrap", "caches", "engine", "flows", "image", "knowledge", "knowledge.rules", "lock",
+                  "lxc", "payload", "recipe", "registry", "render"},
 }
+# A module or package that is a stage of its own although it sits inside another stage's package.
+SUBSTAGES = {"knowledge.rules"}
 
 
 def module_name(path: Path, root: Path = PACKAGE) -> str:
@@ -52,25 +58,29 @@ def module_name(path: Path, root: Path = PACKAGE) -> str:
     return ".".join(parts)
 
 
+def from_module(node: ast.ImportFrom, path: Path, root: Path = PACKAGE) -> str:
+    """The absolute module a `from ... import` statement in `path` names, relative ones resolved."""
+    if not node.level:
+        return node.module or ""
+    here = module_name(path, root)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    base = package.split(".")
+    base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+    if node.level - 1 > len(package.split(".")) - 1:
+        base = ["<outside>"]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[str, int]]:
     """(absolute module imported, line) for every import statement in the file, relative ones resolved.
     `from X import name` counts as X.name when that is a module of ours, else as X."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    here = module_name(path, root)
-    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
-                if node.level - 1 > len(package.split(".")) - 1:
-                    base = ["<outside>"]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
+            module = from_module(node, path, root)
             for alias in node.names:
                 candidate = f"{module}.{alias.name}"
                 found.append((candidate if is_our_module(candidate, root) else module, node.lineno))
@@ -88,10 +98,15 @@ def sources(root: Path = PACKAGE) -> list[Path]:
     return sorted(root.rglob("*.py"))
 
 
-def stage_of(module: str) -> str:
-    """imagebuild.lock.resolve -> lock; imagebuild.flows.build -> flows; imagebuild -> ''.
-    `python -m imagebuild` (__main__) is the command line's entry."""
+def stage_of(module: str, substages: set[str] = SUBSTAGES) -> str:
+    """imagebuild.lock.resolve -> lock; imagebuild.flows.build -> flows; imagebuild -> '';
+    imagebuild.knowledge.rules -> knowledge.rules (a substage). `python -m imagebuild` (__main__) is
+    the command line's entry."""
     parts = module.split(".")
+    for substage in substages:
+        depth = substage.count(".") + 2
+        if ".".join(parts[1:depth]) == substage:
+            return substage
     stage = parts[1] if len(parts) > 1 else ""
     return "cli" if stage == "__main__" else stage
 
@@ -218,6 +233,24 @@ def engine_violations(root: Path = PACKAGE) -> list[str]:
     return bad
 
 
+# The in-image paths: render/paths.py names them (Dockerfile.j2 gets them as values); the payload, standard
+# library only, keeps its own copies of the few it reads at run time. `opt/imagebuild` catches a tar member too.
+IN_IMAGE = "opt/imagebuild"
+PATH_OWNERS = ("render", "payload")
+
+
+def in_image_path_violations(root: Path = PACKAGE) -> list[str]:
+    """Outside render/ and payload/, a file of the package (code, comment, template) writing an in-image path."""
+    bad = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix not in (".pyc", ".so")):
+        if path.relative_to(root).parts[0] in PATH_OWNERS:
+            continue
+        for number, text in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if IN_IMAGE in text:
+                bad.append(f"{path.relative_to(root.parent)}:{number} writes {IN_IMAGE}")
+    return bad
+
+
 # ---------------------------------------------------------------- the package as it is
 
 def test_payload_imports_only_the_standard_library_and_itself():
@@ -246,37 +279,19 @@ def test_only_cli_imports_the_flows():
 
 def test_recipe_and_knowledge_import_no_engine_registry_or_cli_code():
     graph = stage_graph()
-    for stage in ("recipe", "knowledge", "compat"):
-        assert not graph.get(stage, set()) & {"engine", "registry", "lxc", "image", "cli", "flows"}, stage
-
-
-# Two publish targets that share nothing: a registry push and an LXC template each stand on image/
-# (and lxc/ on the engine), so a new target is a new package beside them, not an import of either.
-SEPARATE_TARGETS = ("registry", "lxc")
-
-
-def target_violations(root: Path = PACKAGE) -> list[str]:
-    """Imports between the publish targets (registry/ and lxc/), in either direction."""
-    bad = []
-    for path in sources(root):
-        stage = stage_of(module_name(path, root))
-        if stage not in SEPARATE_TARGETS:
-            continue
-        for module, line in imports_of(path, root):
-            target = stage_of(module) if module.startswith(root.name + ".") else ""
-            if target != stage and target in SEPARATE_TARGETS:
-                bad.append(f"{path.relative_to(root.parent)}:{line}: {stage} imports {module}")
-    return bad
-
-
-def test_registry_and_lxc_do_not_import_each_other():
-    assert {"registry", "lxc"} <= {stage_of(module_name(p)) for p in sources()}  # both exist: else it passes on nothing
-    assert target_violations() == []
+    assert {"knowledge", "knowledge.rules"} <= set(graph)  # both layers were read: absent ones would pass
+    for stage in ("recipe", "knowledge", "knowledge.rules"):
+        assert not graph.get(stage, set()) & {"engine", "registry", "lxc", "image", "cli", "flows", "bootstrap"}, stage
 
 
 def test_nothing_outside_engine_names_an_engine():
     assert len(engine_registry()) >= 2  # the registry was read: an empty one would pass anything
     assert engine_violations() == []
+
+
+def test_only_render_and_the_payload_write_an_in_image_path():
+    assert (PACKAGE / "render" / "paths.py").read_text().count(f'"/{IN_IMAGE}"') == 1  # the rule reads a real tree
+    assert in_image_path_violations() == []
 
 
 def test_no_import_cycle_between_modules():
@@ -344,24 +359,6 @@ def test_a_stage_importing_above_itself_is_reported(tmp_path):
         "imagebuild/recipe/model.py:2: recipe imports imagebuild.engine.docker"]
 
 
-@pytest.mark.parametrize("path, text", [
-    ("lxc/lxc.py", "from imagebuild.registry.push_source import parse_reference\n"),
-    ("registry/registry.py", "def f():\n    from imagebuild.lxc import rootfs_filter\n"),
-])
-def test_a_publish_target_importing_the_other_is_reported(tmp_path, path, text):
-    root = _tree(tmp_path, {"lxc/rootfs_filter.py": "", "registry/push_source.py": "", "image/oci.py": "",
-                            path: "from imagebuild.image import oci\n" + text})
-    bad = target_violations(root)
-    assert len(bad) == 1 and bad[0].startswith(f"imagebuild/{path}:"), bad
-
-
-def test_publish_targets_importing_image_only_pass(tmp_path):
-    root = _tree(tmp_path, {"lxc/lxc.py": "from imagebuild.image import oci\nfrom imagebuild.lxc import rootfs_filter\n",
-                            "lxc/rootfs_filter.py": "", "registry/registry.py": "from imagebuild.image.oci import x\n",
-                            "image/oci.py": "x = 1\n", "flows/build.py": "from imagebuild.registry import registry\n"})
-    assert target_violations(root) == []
-
-
 def test_a_cycle_through_a_lazy_import_is_found(tmp_path):
     root = _tree(tmp_path, {"bases.py": "from imagebuild.engine import run\n",
                             "engine/__init__.py": "def run():\n    from imagebuild.image import oci\n",
@@ -393,3 +390,47 @@ def test_the_registry_and_the_contract_name_no_engine(tmp_path):
                                             "def f(name=DEFAULT_ENGINE):\n    return default_engine(name).at('ssh://x')\n"
                                             "HELP = 'run docker login first'\n"})
     assert engine_violations(root) == []
+
+
+def test_an_in_image_path_written_outside_render_is_reported(tmp_path):
+    root = _tree(tmp_path, {"render/paths.py": 'LOCK = "/opt/imagebuild/lock.json"\n',
+                            "payload/probe/findings_kernels.py": 'MANIFEST = "/opt/imagebuild/aot-manifest.json"\n',
+                            "pipeline.py": 'from imagebuild.render.paths import LOCK\n'
+                                           'PROBE = ("python", "/opt/imagebuild/probe.pyz")\n',
+                            "cli/repro.py": 'MEMBER = "opt/imagebuild/lock.json"  # a tar member\n'})
+    (root / "seed.Dockerfile.j2").write_text("FROM x\nCOPY a /opt/imagebuild/a\n")
+    assert in_image_path_violations(root) == ["imagebuild/cli/repro.py:1 writes opt/imagebuild",
+                                              "imagebuild/pipeline.py:2 writes opt/imagebuild",
+                                              "imagebuild/seed.Dockerfile.j2:2 writes opt/imagebuild"]
+
+
+def test_in_image_paths_read_from_render_pass(tmp_path):
+    root = _tree(tmp_path, {"render/paths.py": 'ROOT = "/opt/imagebuild"\n',
+                            "pipeline.py": "from imagebuild.render.paths import PROBE_COMMAND\n"
+                                           "HELP = 'the image carries /opt/venv and its lock'\n"})
+    assert in_image_path_violations(root) == []
+
+
+# ---------------------------------------------------------------- knowledge's two layers
+
+@pytest.mark.parametrize("files, expected", [
+    ({"recipe/model.py": "from imagebuild.knowledge.rules import check_recipe\n"},
+     "imagebuild/recipe/model.py:1: recipe imports imagebuild.knowledge.rules"),
+    ({"knowledge/facts.py": "def f():\n    from imagebuild.recipe import model\n"},
+     "imagebuild/knowledge/facts.py:2: knowledge imports imagebuild.recipe.model"),
+    ({"knowledge/__init__.py": "from imagebuild.knowledge.rules import check_recipe\n"},
+     "imagebuild/knowledge/__init__.py:1: knowledge imports imagebuild.knowledge.rules"),
+])
+def test_the_facts_layer_importing_the_rules_or_recipe_is_reported(tmp_path, files, expected):
+    root = _tree(tmp_path, {"knowledge/rules.py": "from imagebuild.recipe.model import Recipe\n",
+                            "knowledge/facts.py": "", "recipe/model.py": "from imagebuild.knowledge.facts import x\n",
+                            **files})
+    assert stage_violations(root) == [expected]
+
+
+def test_rules_may_import_the_facts_and_recipe(tmp_path):
+    root = _tree(tmp_path, {"knowledge/rules.py": "from imagebuild.recipe.model import Recipe\n"
+                                                  "from imagebuild.knowledge.facts import x\n",
+                            "knowledge/facts.py": "x = 1\n", "recipe/model.py": "from imagebuild.knowledge import facts\n"})
+    assert stage_violations(root) == []
+    assert cycles(stage_graph(root)) == []

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from imagebuild import caches
 from imagebuild.cli.app import main as cli_main
 from imagebuild.engine.docker import DockerEngine, docker_size
+from imagebuild.render.paths import OWN_STEP
 
 
 def _entry(path, size: int, age_s: int) -> None:
@@ -87,13 +88,13 @@ def test_only_imagebuilds_own_cache_mounts_are_counted_and_removed(fresh_runner,
                                                             "{{json .BuildCache}}").stdout)
                   if r["CacheType"] == "exec.cachemount"]
     assert len(everything) == 2  # the negative control: both builds left a cache mount
-    (mine,) = engine.cache_mounts()
+    (mine,) = engine.cache_mounts(OWN_STEP)
     assert "/opt/imagebuild/" in mine["description"] and mine["bytes"] > 0
     engine.remove_cache_mount(mine["id"])
     left = [r for r in json.loads(fresh_runner.docker("system", "df", "-v", "--format",
                                                       "{{json .BuildCache}}").stdout)
             if r["CacheType"] == "exec.cachemount"]
-    assert engine.cache_mounts() == [] and len(left) == 1 and "/opt/imagebuild/" not in left[0]["Description"]
+    assert engine.cache_mounts(OWN_STEP) == [] and len(left) == 1 and "/opt/imagebuild/" not in left[0]["Description"]
 
 
 BUSYBOX = "imagebuild-test/tiny-sh:1"

@@ -1,5 +1,6 @@
-"""`imagebuild diff-lock OLD NEW`: what moved between two locks (files, or git revisions of one), and
-what a build of the new one redoes. A thin layer over imagebuild.lock.diff."""
+"""`imagebuild diff-lock OLD NEW`: what moved between two locks (files, or git revisions of one), what a
+build of the new one redoes, and, judged by the recipe, the findings that appeared or cleared and the
+patches that no longer apply. A thin layer over imagebuild.lock.diff and imagebuild.flows.lockdiff."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from rich.console import Console
 
 from imagebuild.cli.output import line
 from imagebuild.errors import EXIT_OK, ImagebuildError, LockError
-from imagebuild.lock.diff import LocksDiff, diff_lock_files
+from imagebuild.flows.lockdiff import judged_diff
+from imagebuild.lock.diff import LocksDiff
 from imagebuild.lock.lockfile import parse_locks
+from imagebuild.recipe.model import Recipe, load_recipe
 
 
 def add_commands(command) -> None:
@@ -20,7 +23,20 @@ def add_commands(command) -> None:
                                "patches) and what a build of the new one redoes: which steps, which kernels")
     cmd.add_argument("old", help="a lock file, or REV:PATH for a git revision of one (HEAD~1:lockfiles/x.lock)")
     cmd.add_argument("new", help="a lock file, or REV:PATH")
+    cmd.add_argument("--recipe", type=Path, default=None,
+                     help="the recipe whose rules and patches judge both locks (default: recipes/NAME.toml beside "
+                          "the new lock's lockfiles/ folder, NAME being the recipe the lock names)")
     cmd.set_defaults(handler=run_diff_lock)
+
+
+def judging_recipe(explicit: Path | None, new_spec: str, stem: str) -> tuple[Recipe | None, str]:
+    """The recipe that judges the two locks, and where it was looked for: --recipe, else recipes/NAME.toml
+    beside the new lock's folder (for REV:PATH, that path in the current folder's tree)."""
+    if explicit is not None:
+        return load_recipe(explicit), str(explicit)
+    spec = new_spec if Path(new_spec).is_file() else new_spec.partition(":")[2] or new_spec
+    candidate = Path(spec).resolve().parent.parent / "recipes" / f"{stem}.toml"
+    return (load_recipe(candidate) if candidate.is_file() else None), str(candidate)
 
 
 def read_text(spec: str) -> str:
@@ -51,11 +67,15 @@ def read_text(spec: str) -> str:
 def run_diff_lock(args: argparse.Namespace, out: Console, err: Console) -> int:
     old = parse_locks(read_text(args.old), args.old)
     new = parse_locks(read_text(args.new), args.new)
-    report = diff_lock_files(old, new, args.old, args.new)
+    recipe, looked = judging_recipe(args.recipe, args.new, new.recipe)
+    report = judged_diff(old, new, args.old, args.new, recipe)
     if args.json:
         out.print_json(data=report.to_dict())
     else:
         print_diff(out, report)
+        if recipe is None:
+            out.print(line(("  not judged: ", "yellow"), f"no recipe at {looked}, so findings and patches were not "
+                                                         "compared; name one with --recipe"))
     return EXIT_OK
 
 
@@ -90,6 +110,15 @@ def print_diff(out: Console, report: LocksDiff) -> None:
                                                 f"{'changed' if p['old'] and p['new'] else 'added' if p['new'] else 'removed'}"))
         for i in diff.imagebuild:
             out.print(line(("  imagebuild ", "cyan"), f"{i['key']} changed"))
+        for f in (diff.findings or {}).get("appeared", []):
+            out.print(line(("  finding + ", "red" if f["severity"] == "error" else "yellow"),
+                           f"{f['severity']} {f['rule']}: {f['message']}"))
+        for f in (diff.findings or {}).get("cleared", []):
+            out.print(line(("  finding - ", "green"), f"{f['severity']} {f['rule']}: {f['message']}"))
+        for b in diff.patches_broken or []:
+            out.print(line(("  patch no longer applies ", "red"),
+                           f"{b['patch']} to {b['package']} {b['new']} (was {b['old'] or 'not locked'}): "
+                           + "; ".join(b["problems"])))
         redone = [s for s in diff.rebuilds if s["rebuilds"]]
         out.print(line(f"  a build redoes {len(redone)} of {len(diff.rebuilds)} steps:"))
         for step in diff.rebuilds:

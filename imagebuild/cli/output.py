@@ -59,8 +59,8 @@ def print_error(console: Console, error: BaseException) -> None:
 
 def print_findings(console: Console, findings: Iterable) -> None:
     for f in findings:
-        colour = {"error": "red", "warning": "yellow"}.get(f.severity, "cyan")
-        console.print(line((f.severity, colour), " ", f.rule, ": ", f.message))
+        colour = {"error": "red", "warning": "yellow"}.get(f.status, "cyan")
+        console.print(line((f.status.value, colour), " ", f.rule, ": ", f.message))
         if getattr(f, "where", None):
             console.print(line(("  at: ", "dim"), (literal(f.where), "dim"), ("  [", "dim"), (literal(f.key), "dim"),
                                ("]", "dim")))
@@ -110,10 +110,9 @@ def print_doctor(console: Console, report) -> None:
     console.print(line("doctor: ", str(report.target), ", probe under ", str(report.python), " (Python ",
                        str(host.get("python", "?")), ", glibc ", str(report.facts.get("glibc") or "?"), ")",
                        f", {report.seconds:.1f} s"))
-    for finding in report.findings:
-        console.print(line("  ", status_mark(finding.get("status")), " ", str(finding.get("name")), ": ",
-                           str(finding.get("detail"))))
-        if finding.get("fix"):
+    for finding in (f.to_probe() for f in report.findings):  # in the probe's words, as --json has them
+        console.print(line("  ", status_mark(finding["status"]), " ", finding["name"], ": ", finding["detail"]))
+        if finding["fix"]:
             console.print(line(("       fix: ", "cyan"), (literal(finding["fix"]), "cyan")))
     verdict = ("no errors", "green") if report.ok else (f"{len(report.errors)} error(s)", "red")
     console.print(line(verdict, f", {len(report.warnings)} warning(s)"))

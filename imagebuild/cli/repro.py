@@ -17,8 +17,9 @@ from imagebuild.errors import EXIT_FAILED, EXIT_OK, ImagebuildError
 from imagebuild.image import export, index, oci, sbom, verify
 from imagebuild.image.layout import read_image
 from imagebuild.lock import Lock, parse_lock, read_lock
+from imagebuild.render import paths
 
-IMAGE_LOCK = "opt/imagebuild/lock.json"  # the lock every image carries (Dockerfile.j2)
+IMAGE_LOCK = paths.member(paths.LOCK)  # the lock every image carries
 
 
 def add_commands(command) -> None:
@@ -30,7 +31,7 @@ def add_commands(command) -> None:
     cmd.add_argument("-o", "--out", type=Path, required=True, help="layout folder (replaced)")
     cmd.add_argument("--lock", type=Path,
                      help="the image's lock (default: the one inside the image); only with one image: "
-                          "several images each use their own /opt/imagebuild/lock.json")
+                          f"several images each use their own {paths.LOCK}")
     cmd.add_argument("--ref-name", help="the layout's ref name (default: the image's tag; several images: "
                                         "their tag without its -ARCH suffix)")
     cmd.add_argument("--no-sbom", action="store_true", help="write no SBOM")

@@ -134,9 +134,10 @@ class Engine(abc.ABC):
     def image_exists(self, ref: str) -> bool:
         return self.inspect(ref) is not None
 
-    def cache_mounts(self) -> list[dict]:
-        """The engine's build cache mounts that imagebuild's builds fill: id, bytes, description,
-        last_used. An engine whose builds keep no such mounts answers []."""
+    def cache_mounts(self, own_step: str) -> list[dict]:
+        """The engine's build cache mounts that imagebuild's builds fill, told apart by own_step, a text
+        the command of each step using one contains (the caller's: render.paths.OWN_STEP): id, bytes,
+        description, last_used. An engine whose builds keep no such mounts answers []."""
         return []
 
     def remove_cache_mount(self, mount_id: str) -> None:

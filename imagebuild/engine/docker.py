@@ -55,8 +55,6 @@ def cache_flags(cache: BuildCache | None) -> list[str]:
     return flags
 
 
-# What marks a BuildKit cache mount as imagebuild's: its step runs the template's own files.
-OWN_STEP = "/opt/imagebuild/"
 _DOCKER_UNITS = {"B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 
 
@@ -162,9 +160,9 @@ class DockerEngine(Engine):
         finally:
             container.remove(force=True)
 
-    def cache_mounts(self) -> list[dict]:
-        """BuildKit's cache mounts of imagebuild's own build steps: those whose step runs what the
-        template puts under /opt/imagebuild (uv's wheel cache), read from `docker system df -v`."""
+    def cache_mounts(self, own_step: str) -> list[dict]:
+        """BuildKit's cache mounts of imagebuild's own build steps: those whose step's command names
+        own_step (uv's wheel cache, the kernel cache), read from `docker system df -v`."""
         proc = subprocess.run(self.command("system", "df", "-v", "--format", "{{json .BuildCache}}"),
                               capture_output=True, text=True)
         try:
@@ -174,7 +172,7 @@ class DockerEngine(Engine):
         return [{"id": str(r.get("ID")), "bytes": docker_size(str(r.get("Size", "0B"))),
                  "description": str(r.get("Description", "")), "last_used": str(r.get("LastUsedAt", ""))}
                 for r in records if isinstance(r, dict) and r.get("CacheType") == "exec.cachemount"
-                and OWN_STEP in str(r.get("Description", ""))]
+                and own_step in str(r.get("Description", ""))]
 
     def remove_cache_mount(self, mount_id: str) -> None:
         subprocess.run(self.command("builder", "prune", "--force", "--filter", f"id={mount_id}"),

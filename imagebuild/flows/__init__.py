@@ -9,12 +9,11 @@ case) and returns a report with `to_dict()` for `--json` (reports.py).
                                build.py: each platform's image, built (or reused by lock), smoke-tested, tagged;
                                by_lock.py and build_cache.py: reuse and push through a registry;
                                kernel_layer.py and kernels.py: the [aot] kernel step and a fresh runner's seed;
-                               built.py: what this machine built and pushed for each lock; failure.py: a
-                               failed step said in the recipe's words
+                               built.py: what this machine built and pushed for each lock
     smoke(image, engine)       smoke.py: the image's own probe, offline, in a throwaway container
-    diagnose(...)              doctor.py: the same probe and the compat rules on a host, a venv or an image
+    diagnose(...)              doctor.py: the same probe and the knowledge rules on a host, a venv or an image
 
-May import every stage below it (base, bootstrap, engine, knowledge, compat, lock, payload, recipe, render,
+May import every stage below it (base, bootstrap, engine, knowledge, lock, payload, recipe, render,
 registry, image); only cli/ imports it.
 """
 

@@ -25,7 +25,7 @@ from imagebuild.errors import BuildFailed, ImagebuildError
 from imagebuild.flows import built
 from imagebuild.flows.build_cache import push_build_cache
 from imagebuild.flows.by_lock import RegistryTarget, push_by_lock, reuse_by_lock
-from imagebuild.flows.failure import explain_build_failure
+from imagebuild.render.markers import explain as explain_build_failure
 from imagebuild.flows.findings import across_platforms, located, locked_findings, merged, recipe_findings, \
     stop_on_errors
 from imagebuild.flows.kernel_layer import read_kernel_layer

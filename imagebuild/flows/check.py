@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from imagebuild import compat
+from imagebuild.knowledge import Finding, rules
 from imagebuild.common import Progress, quiet
 from imagebuild.flows.findings import base_glibc, located, lock_findings
 from imagebuild.flows.reports import CheckReport
@@ -15,10 +15,10 @@ from imagebuild.recipe.model import load_recipe
 
 def check(recipe_path: str | Path, *, lock_path: Path | None = None, progress: Progress = quiet) -> CheckReport:
     recipe = load_recipe(recipe_path)
-    findings = compat.check_recipe(recipe, base_glibc(recipe))
+    findings = rules.check_recipe(recipe, base_glibc(recipe))
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     if not path.is_file():
-        findings.append(compat.Finding("note", "lock-missing", f"{path} does not exist yet",
+        findings.append(Finding("note", "lock-missing", f"{path} does not exist yet",
                                        "no lock beside the recipe", f"`imagebuild lock {recipe.path}` writes it",
                                        "imagebuild"))
         return CheckReport(str(recipe.path), located(recipe, findings))

@@ -2,9 +2,10 @@
 
 The probe (imagebuild/payload/probe/, stdlib only) gathers facts and makes the findings that need nothing
 else; it runs under the interpreter in question, or in a throwaway container of an image, shipped
-there as its zipapp inside the command line (payload/probe/bundle.py). This module runs it there and adds
-the rules that read imagebuild/knowledge/compat.toml (compat.py) over the facts it reports: the newest
-CUDA the driver runs, glibc against nvcc, and whether nvcc and ptxas can target the GPU.
+there as its zipapp inside the command line (payload/probe/bundle.py). This module runs it there, reads
+its findings into knowledge's Finding (knowledge.from_probe, the one boundary), and adds the rules that
+read imagebuild/knowledge/compat.toml (knowledge/rules.py) over the facts it reports: the newest CUDA the
+driver runs, glibc against nvcc, and whether nvcc and ptxas can target the GPU.
 
     diagnose(python=None)            the host: python3 on PATH, or the interpreter given
     diagnose_image(image, engine)    the same probe inside a container of the image
@@ -22,13 +23,14 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from imagebuild import compat, payload
+from imagebuild import payload
 from imagebuild.common import host_arch
 from imagebuild.engine import Engine
 from imagebuild.errors import ImagebuildError, ToolMissing
+from imagebuild.knowledge import Finding, MalformedProbeFinding, Status, from_probe, has_errors, rules
 from imagebuild.knowledge.cuda import CudaVersion, parse_driver
 from imagebuild.knowledge.facts import native_toolkit
 from imagebuild.payload import probe
@@ -58,7 +60,7 @@ class DoctorFailed(ImagebuildError):
 class DoctorReport:
     target: str  # "host" or "image NAME"
     python: str  # the interpreter the probe ran under
-    findings: list[dict]
+    findings: list[Finding]
     facts: dict
     host: dict
     seconds: float  # the whole diagnosis, container start included
@@ -70,17 +72,17 @@ class DoctorReport:
         return not self.errors
 
     @property
-    def errors(self) -> list[dict]:
-        return [f for f in self.findings if f["status"] == probe.FAIL]
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.status is Status.ERROR]
 
     @property
-    def warnings(self) -> list[dict]:
-        return [f for f in self.findings if f["status"] == probe.WARN]
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.status is Status.WARNING]
 
     def to_dict(self) -> dict:
         return {"target": self.target, "python": self.python, "ok": self.ok, "errors": len(self.errors),
                 "warnings": len(self.warnings), "seconds": round(self.seconds, 2),
-                "probe_seconds": self.probe_seconds, "findings": self.findings,
+                "probe_seconds": self.probe_seconds, "findings": [f.to_probe() for f in self.findings],
                 "facts": self.facts, "host": self.host, "platform": self.platform}
 
 
@@ -89,7 +91,7 @@ class DoctorReport:
 def diagnose(python: str | None = None, *, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
              driver_file: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> DoctorReport:
     """Run the doctor probe under `python` (default: python3, else python, on env's PATH) and add the
-    compat rules. env and cwd are the process's (default: this one's)."""
+    compatibility rules. env and cwd are the process's (default: this one's)."""
     started = time.monotonic()
     env = dict(os.environ if env is None else env)
     path = env.get("PATH")
@@ -106,8 +108,10 @@ def diagnose(python: str | None = None, *, env: Mapping[str, str] | None = None,
         raise DoctorFailed(f"{interpreter} is not executable") from None
     except subprocess.TimeoutExpired:
         raise DoctorFailed(f"the doctor probe under {interpreter} did not finish in {timeout:.0f} s") from None
-    raw = _report(done.stdout, done.returncode, done.stderr, f"under {interpreter}")
-    report = _finish(raw, "host", raw.get("host", {}).get("executable") or interpreter, time.monotonic() - started)
+    where = f"under {interpreter}"
+    raw = _report(done.stdout, done.returncode, done.stderr, where)
+    report = _finish(raw, where, "host", raw.get("host", {}).get("executable") or interpreter,
+                     time.monotonic() - started)
     _exact_patch_fix(report)
     return report
 
@@ -139,7 +143,7 @@ def diagnose_image(image: str, engine: Engine, *, python: str | None = None, env
     if result.timed_out:
         raise DoctorFailed(f"the doctor probe in {image} did not finish in {timeout:.0f} s")
     raw = _report(result.stdout, result.exit_code, result.stderr, f"in {image}")
-    report = _finish(raw, f"image {image}", raw.get("host", {}).get("executable") or python or "python3",
+    report = _finish(raw, f"in {image}", f"image {image}", raw.get("host", {}).get("executable") or python or "python3",
                      time.monotonic() - started)
     report.findings.insert(0, platform_finding(runs))
     report.platform = runs
@@ -171,25 +175,25 @@ def image_platform(image: str, machine: str | None = None, binfmt_dir: Path | No
             "binfmt": binfmt_handler(arch, binfmt_dir) if emulated else None}
 
 
-def platform_finding(runs: Mapping) -> dict:
+def platform_finding(runs: Mapping) -> Finding:
     """The `platform` finding: the host's own; emulated (slow, no GPU); or cannot run (no handler)."""
     image, host, binfmt = runs["image"], runs["host"], runs["binfmt"]
     if not runs["emulated"]:
-        return probe.make_finding("platform", probe.PASS, f"{image}, the host's own", image=image, host=host)
+        return Finding.check("platform", Status.PASS, f"{image}, the host's own", image=image, host=host)
     if binfmt["enabled"]:
-        return probe.make_finding(
-            "platform", probe.WARN, f"{image} on a {host} host: runs under emulation ({binfmt['handler']}, "
+        return Finding.check(
+            "platform", Status.WARNING, f"{image} on a {host} host: runs under emulation ({binfmt['handler']}, "
             "binfmt handler enabled), slowly, and without the GPU, whose driver libraries here are "
             f"{host.split('/')[1]}", image=image, host=host, binfmt=binfmt)
     if binfmt["handler"] is None:
-        return probe.make_finding("platform", probe.FAIL, f"{image or 'an unknown platform'} on a {host} "
-                                  "host: imagebuild knows no qemu handler that runs it, so the image cannot "
-                                  "run here", f"run doctor on a {image or 'matching'} host", image=image,
-                                  host=host, binfmt=binfmt)
+        return Finding.check("platform", Status.ERROR, f"{image or 'an unknown platform'} on a {host} "
+                             "host: imagebuild knows no qemu handler that runs it, so the image cannot "
+                             "run here", f"run doctor on a {image or 'matching'} host", image=image,
+                             host=host, binfmt=binfmt)
     registered = binfmt["registered"]
     fix = f"update-binfmts --enable {binfmt['handler']}" if registered else BINFMT_FIX
-    return probe.make_finding(
-        "platform", probe.FAIL, f"{image} on a {host} host needs emulation, and its binfmt handler "
+    return Finding.check(
+        "platform", Status.ERROR, f"{image} on a {host} host needs emulation, and its binfmt handler "
         f"{binfmt['handler']} {'is disabled' if registered else 'is not registered'} ({binfmt['path']}): "
         "the image cannot run here", probe.shell_fix([fix], [f"or run doctor on a {image} host"]),
         image=image, host=host, binfmt=binfmt)
@@ -216,30 +220,38 @@ def _report(stdout: str, status: int, stderr: str, where: str) -> dict:
     return raw
 
 
-def _finish(raw: dict, target: str, python: str, seconds: float) -> DoctorReport:
+def _finish(raw: dict, where: str, target: str, python: str, seconds: float) -> DoctorReport:
     facts = raw.get("facts") or {}
-    findings = list(raw.get("checks") or []) + (compat_findings(facts) if facts else [])
+    checks = raw.get("checks") or []
+    try:
+        if not isinstance(checks, list):
+            raise MalformedProbeFinding(f"its checks are a {type(checks).__name__}, not a JSON list")
+        found = [from_probe(check) for check in checks]
+    except MalformedProbeFinding as error:
+        raise DoctorFailed(f"the doctor probe {where} printed a malformed report: {error}") from None
+    findings = found + (compat_findings(facts) if facts else [])
     return DoctorReport(target, python, findings, facts, raw.get("host") or {}, seconds, raw.get("seconds"))
 
 
 def _exact_patch_fix(report: DoctorReport) -> None:
     """On a host with imagebuild's source tree, the FlashInfer fix becomes the exact command."""
-    finding = next((f for f in report.findings if f["name"] == "flashinfer-cuda-version"
-                    and f["status"] in (probe.FAIL, probe.WARN) and f["evidence"].get("found")), None)
-    if finding is None or not FLASHINFER_PATCH.is_file():
+    at = next((i for i, f in enumerate(report.findings) if f.rule == "flashinfer-cuda-version"
+               and f.status in (Status.ERROR, Status.WARNING) and f.evidence.get("found")), None)
+    if at is None or not FLASHINFER_PATCH.is_file():
         return
-    site = Path(finding["evidence"]["source"]).parents[2]
+    finding = report.findings[at]
+    site = Path(finding.evidence["source"]).parents[2]
     sha = hashlib.sha256(FLASHINFER_PATCH.read_bytes()).hexdigest()
     command = (f"{report.facts['stack']['executable']} {APPLY_PATCH} --strip 1 --package flashinfer-python "
                f"--sha256 {sha} {site} {FLASHINFER_PATCH}")
-    finding["fix"] = probe.shell_fix([command], [
+    report.findings[at] = replace(finding, fix=probe.shell_fix([command], [
         "written for flashinfer-python 0.7.2",
-        'in a recipe: [[patches]] package = "flashinfer-python", file = "patches/flashinfer-cuda-version.patch"'])
+        'in a recipe: [[patches]] package = "flashinfer-python", file = "patches/flashinfer-cuda-version.patch"']))
 
 
-# ---- the compat rules over the probe's facts ------------------------------------------------
+# ---- the compatibility rules over the probe's facts ------------------------------------------
 
-def compat_findings(facts: Mapping) -> list[dict]:
+def compat_findings(facts: Mapping) -> list[Finding]:
     """What compat.toml says about these facts: pure, so a test can hand it any host."""
     return [_driver_cuda(facts), _glibc_nvcc(facts), _arch_targets(facts)]
 
@@ -284,71 +296,63 @@ def nvcc_in_use(facts: Mapping) -> dict[str, list[str]]:
     return found
 
 
-def _from_compat(name: str, finding: compat.Finding) -> dict:
-    status = probe.FAIL if finding.severity == "error" else probe.WARN
-    return probe.make_finding(name, status, finding.message, finding.fix, rule=finding.rule,
-                              facts=finding.evidence, source=finding.source)
-
-
-def _merge(name: str, findings: list[compat.Finding], passed: str) -> dict:
-    """Several compat findings as one doctor finding: the worst severity, every message and fix."""
+def _merge(name: str, findings: list[Finding], passed: str) -> Finding:
+    """The rules' findings as one doctor check: an error where one is, else a warning; every message and
+    fix, the rules' own findings in its evidence."""
     if not findings:
-        return probe.make_finding(name, probe.PASS, passed)
-    worst = probe.FAIL if compat.has_errors(findings) else probe.WARN
+        return Finding.check(name, Status.PASS, passed)
+    worst = Status.ERROR if has_errors(findings) else Status.WARNING
     if len(findings) == 1:
-        return _from_compat(name, findings[0])
-    return probe.make_finding(name, worst, " ".join(f.message for f in findings),
-                              "; ".join(dict.fromkeys(f.fix for f in findings)),
-                              rules=[f.to_dict() for f in findings])
+        (finding,) = findings
+        return Finding.check(name, worst, finding.message, finding.fix, rule=finding.rule, facts=finding.evidence,
+                             source=finding.source)
+    return Finding.check(name, worst, " ".join(f.message for f in findings),
+                         "; ".join(dict.fromkeys(f.fix for f in findings)), rules=[f.to_dict() for f in findings])
 
 
 def _driver_cuda(facts: Mapping) -> dict:
     driver = (facts.get("driver") or {}).get("version")
     if not driver:
-        return probe.make_finding("driver-cuda", probe.SKIP, "no driver version known")
+        return Finding.check("driver-cuda", Status.SKIP, "no driver version known")
     native = native_cuda(driver)
     in_use = cuda_in_use(facts)
-    findings = [f for cuda in sorted(in_use) for f in compat.check_driver(cuda, driver)]
+    findings = [f for cuda in sorted(in_use) for f in rules.check_driver(cuda, driver)]
     runs = f"driver {driver} runs CUDA {native} and older natively" if native else \
         f"driver {driver} is older than every CUDA release imagebuild knows"
     used = "; ".join(f"CUDA {cuda}: {', '.join(who)}" for cuda, who in sorted(in_use.items()))
     merged = _merge("driver-cuda", findings, f"{runs}; in use: {used or 'nothing'}")
-    merged["evidence"].update(native_cuda=str(native) if native else None, driver=driver,
-                              in_use={str(c): who for c, who in in_use.items()})
-    if findings:
-        merged["detail"] = f"{runs}. {merged['detail']}"
-    return merged
+    return replace(merged, message=f"{runs}. {merged.message}" if findings else merged.message,
+                   evidence={**merged.evidence, "native_cuda": str(native) if native else None, "driver": driver,
+                             "in_use": {str(c): who for c, who in in_use.items()}})
 
 
 def _glibc_nvcc(facts: Mapping) -> dict:
     glibc = facts.get("glibc")
     releases = nvcc_in_use(facts)
     if not glibc or not releases:
-        return probe.make_finding("glibc-nvcc", probe.SKIP, "no glibc or no nvcc to compare", glibc=glibc)
-    findings = [f for release in sorted(releases) for f in compat.check_glibc(glibc, CudaVersion.parse(release))]
+        return Finding.check("glibc-nvcc", Status.SKIP, "no glibc or no nvcc to compare", glibc=glibc)
+    findings = [f for release in sorted(releases) for f in rules.check_glibc(glibc, CudaVersion.parse(release))]
     return _merge("glibc-nvcc", findings, f"glibc {glibc} and nvcc {', '.join(sorted(releases))} work together")
 
 
-def _arch_targets(facts: Mapping) -> dict:
-    """Can the nvcc each consumer finds, and the ptxas Triton runs, compile for the GPUs here?"""
+def _arch_targets(facts: Mapping) -> Finding:
+    """Can the nvcc each consumer finds, and the ptxas Triton runs, compile for the GPUs here? Which
+    ptxas Triton runs for a GPU is the payload's answer (probe.triton_ptxas_for)."""
     caps = sorted({gpu.get("compute_cap") for gpu in (facts.get("driver") or {}).get("gpus") or []} - {None})
-    compilers = {f"nvcc {release}": release for release in nvcc_in_use(facts)}
-    triton = (facts.get("consumers") or {}).get("triton") or {}
-    for tool, entry in (triton.get("tools") or {}).items():
+    compilers = {f"nvcc {release}": (release, None) for release in nvcc_in_use(facts)}
+    tools = ((facts.get("consumers") or {}).get("triton") or {}).get("tools") or {}
+    for tool, entry in tools.items():
         if entry.get("chosen"):
-            compilers[f"Triton's {tool} {entry['chosen']['release']}"] = entry["chosen"]["release"]
+            compilers[f"Triton's {tool} {entry['chosen']['release']}"] = (entry["chosen"]["release"], tool)
     if not caps or not compilers:
-        return probe.make_finding("gpu-targets", probe.SKIP, "no GPU compute capability or no compiler to compare")
+        return Finding.check("gpu-targets", Status.SKIP, "no GPU compute capability or no compiler to compare")
     findings = []
     for cap in caps:
         target = "sm_" + cap.replace(".", "")
-        for who, release in compilers.items():
-            if who.startswith("Triton's ptxas ") and int(cap.split(".")[0]) >= 10 and "ptxas-blackwell" in (
-                    triton.get("tools") or {}):
-                continue  # Triton hands sm_100 and newer to ptxas-blackwell
-            if who.startswith("Triton's ptxas-blackwell") and int(cap.split(".")[0]) < 10:
-                continue
-            for f in compat.check_archs(CudaVersion.parse(release), [target]):
-                findings.append(compat.Finding(f.severity, f.rule, f"{who}: {f.message}", f.evidence, f.fix, f.source))
+        for who, (release, tool) in compilers.items():
+            if tool is not None and tool != probe.triton_ptxas_for(tools, cap):
+                continue  # Triton runs the other one for this GPU
+            findings += [replace(f, message=f"{who}: {f.message}")
+                         for f in rules.check_archs(CudaVersion.parse(release), [target])]
     return _merge("gpu-targets", findings, f"{', '.join(compilers)} can compile for "
                   + ", ".join("sm_" + cap.replace(".", "") for cap in caps))

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from imagebuild import compat
+from imagebuild.knowledge import Finding, has_errors, rules
+from imagebuild.knowledge.facts import debian_suite
 from imagebuild.base.identity import BaseIdentity
 from imagebuild.bootstrap import pending_updates
 from imagebuild.common import Progress, cache_dir, host_arch, platform_name, quiet
@@ -25,13 +26,13 @@ from imagebuild.recipe.model import DebianBase, Recipe
 def base_glibc(recipe: Recipe) -> str:
     """The base's glibc without bootstrapping it: from the suite's facts or the recipe."""
     if isinstance(recipe.base, DebianBase):
-        return compat.debian_suite(recipe.base.suite).glibc
+        return debian_suite(recipe.base.suite).glibc
     return recipe.base.glibc
 
 
 def recipe_findings(recipe: Recipe) -> list:
     """The rules knowable before resolving; errors stop the flow here."""
-    findings = compat.check_recipe(recipe, base_glibc(recipe))
+    findings = rules.check_recipe(recipe, base_glibc(recipe))
     stop_on_errors(findings, recipe)
     return findings
 
@@ -41,10 +42,10 @@ def lock_findings(recipe: Recipe, locked: Lock, path: Path, progress: Progress =
     where = f"{platform_name(locked.base.arch)}: " if recipe.platforms or locked.base.arch != host_arch() else ""
     reasons = stale_reasons(locked, recipe)
     if reasons:
-        findings = [compat.Finding("warning", "lock-stale", f"{where}{path} is stale", "; ".join(reasons),
+        findings = [Finding("warning", "lock-stale", f"{where}{path} is stale", "; ".join(reasons),
                                    f"`imagebuild lock {recipe.path}` refreshes it", "imagebuild")]
     else:
-        findings = [compat.Finding("note", "lock-fresh", f"{where}{path} is fresh for {recipe.path.name}",
+        findings = [Finding("note", "lock-fresh", f"{where}{path} is fresh for {recipe.path.name}",
                                    f"lock sha256 {locked.sha256}", "nothing to do", "imagebuild")]
     if recipe.patches:
         findings += patch_findings(recipe, locked)
@@ -58,14 +59,14 @@ def base_update_findings(recipe: Recipe, locked: BaseIdentity, where: str = "", 
     try:
         waiting = pending_updates(locked, recipe.base, progress)
     except ImagebuildError as err:
-        return [compat.Finding("warning", "base-updates-unknown", f"{where}could not read the base's suites to "
+        return [Finding("warning", "base-updates-unknown", f"{where}could not read the base's suites to "
                                "look for updates", str(err), "check again when the mirror answers", "imagebuild",
                                key="base")]
     findings = []
     for suite in sorted({item["suite"] for item in waiting}):
         items = [item for item in waiting if item["suite"] == suite]
         kind = "security fixes waiting" if suite.endswith("-security") else "updates waiting"
-        findings.append(compat.Finding(
+        findings.append(Finding(
             "warning", "base-updates", f"{where}{suite} has newer versions of {len(items)} locked base "
             f"package(s) ({kind}): {', '.join(item['package'] for item in items)}",
             "; ".join(f"{item['package']} {item['locked']} -> {item['newest']}" for item in items),
@@ -75,22 +76,22 @@ def base_update_findings(recipe: Recipe, locked: BaseIdentity, where: str = "", 
 
 
 def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = quiet) -> tuple[list, dict]:
-    """What the locked wheels say of themselves (lock/artifacts.py), judged by compat.check_artifacts;
+    """What the locked wheels say of themselves (lock/artifacts.py), judged by rules.check_artifacts;
     and where their RECORDs put nvcc and deep_gemm (Artifacts.layout), for the lock's cuda facts."""
     from imagebuild.lock.artifacts import read_artifacts
     artifacts = read_artifacts(locked.wheels, cache_dir() / "wheel-files", progress)
     requirements = {name: found for name in artifacts.wheels if name != "torch"
                     for found in [artifacts.requires_of(name, "torch")] if found}
-    findings = compat.check_artifacts(
+    findings = rules.check_artifacts(
         recipe.cuda.toolkit if recipe.cuda else None, locked.packages, torch_cuda=artifacts.torch_cuda(),
         nvcc=artifacts.nvcc_carriers(), torch_requirements=requirements,
         overlaps=artifacts.overlaps((w.name for w in locked.wheels),
                                     removed={e.package: e.remove for e in recipe.prune}),
         cuda12=artifacts.cuda12_builds())
     for name, why in sorted(artifacts.unread.items()):
-        findings.append(compat.Finding("warning", "wheel-unread", f"the file list of {name} could not be read, "
+        findings.append(Finding("warning", "wheel-unread", f"the file list of {name} could not be read, "
                                        "so it was not checked for overlaps or CUDA builds", why,
-                                       "relock when the index answers", compat.ARTIFACT_SOURCE))
+                                       "relock when the index answers", rules.ARTIFACT_SOURCE))
     return findings, artifacts.layout()
 
 
@@ -103,7 +104,7 @@ def patch_findings(recipe: Recipe, locked: Lock) -> list:
     for result in check_locked_patches(recipe, locked):
         if result.applies:
             continue
-        findings.append(compat.Finding(
+        findings.append(Finding(
             "error", "patch-does-not-apply",
             f"the patch {result.patch} does not apply to {result.package} {result.checked}: "
             + "; ".join(result.problems),
@@ -117,7 +118,7 @@ def patch_findings(recipe: Recipe, locked: Lock) -> list:
 def locked_findings(recipe: Recipe, locked: Lock, *, patches: bool) -> list:
     """The rules over one platform's fresh lock (and its patches against the locked wheels, unless a
     relock has just checked them)."""
-    findings = compat.check_resolved(recipe, locked.packages, locked.base.glibc)
+    findings = rules.check_resolved(recipe, locked.packages, locked.base.glibc)
     return findings + patch_findings(recipe, locked) if patches and recipe.patches else findings
 
 
@@ -164,5 +165,5 @@ def across_platforms(found: dict[str, list]) -> list:
 
 
 def stop_on_errors(findings: list, recipe: Recipe | None = None) -> None:
-    if compat.has_errors(findings):
+    if has_errors(findings):
         raise FindingsFailed(located(recipe, findings) if recipe is not None else findings)

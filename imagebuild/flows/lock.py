@@ -4,6 +4,7 @@ PlatformLocks of several), and the locks a build takes, refreshed or refused.
     lock(recipe)               resolve every platform and write the lock file unless it says exactly this
     fresh_locks(recipe, ...)   each platform's lock for a build, relocked first when asked or missing
     upgrade_packages(...)      `lock --upgrade-package`: pins moved in the recipe in place, relocked, diffed
+                               and judged by the moved recipe (flows/lockdiff.py)
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from imagebuild import compat
+from imagebuild.knowledge import rules
 from imagebuild.bootstrap import base_moves, identify
 from imagebuild.common import Progress, platform_name, quiet, write_atomic
 from imagebuild.errors import LockError
 from imagebuild.flows.findings import (across_platforms, artifact_findings, located, merged, patch_findings,
                                        recipe_findings, stop_on_errors)
+from imagebuild.flows.lockdiff import judged_diff
 from imagebuild.flows.platforms import each_platform
 from imagebuild.flows.reports import LockReport
 from imagebuild.lock import (Lock, PlatformLocks, default_lock_path, ensure_fresh, read_lock, read_locks, resolve_lock,
                              stale_reasons, write_locks)
-from imagebuild.lock.diff import diff_lock_files
 from imagebuild.lock.lockfile import recipe_sha256
 from imagebuild.recipe.model import Recipe, load_recipe, parse_recipe
 from imagebuild.recipe.pins import set_pin
@@ -87,7 +88,7 @@ def resolved(recipe: Recipe, progress: Progress = quiet, *, old: Lock | None = N
     progress(f"resolving {len(recipe.python.requirements)} requirements for Python {base.python} "
              f"on {base.uv_platform}")
     new = resolve_lock(recipe, base)
-    findings = compat.check_resolved(recipe, new.packages, base.glibc)
+    findings = rules.check_resolved(recipe, new.packages, base.glibc)
     found, layout = artifact_findings(recipe, new, progress)
     if layout:
         new = replace(new, cuda={**new.cuda, **layout})
@@ -157,5 +158,6 @@ def upgrade_packages(recipe_path: str | Path, upgrades: list[tuple[str, str | No
         if text != before:
             write_atomic(recipe.path, before.encode("utf-8"))
         raise
-    diff = diff_lock_files(old, existing_locks(path), f"{path} (before)", str(path)) if old else None
+    diff = judged_diff(old, existing_locks(path), f"{path} (before)", str(path), load_recipe(recipe.path)) \
+        if old else None
     return report, diff, moved

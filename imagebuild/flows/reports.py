@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from imagebuild import compat
+from imagebuild.knowledge import has_errors
 
 
 @dataclass
@@ -14,7 +14,7 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        return not compat.has_errors(self.findings)
+        return not has_errors(self.findings)
 
     def to_dict(self) -> dict:
         return {"recipe": self.recipe, "ok": self.ok,

@@ -22,8 +22,8 @@ from imagebuild.flows import built
 from imagebuild.flows.options import BuildOptions
 from imagebuild.flows.reports import BuildReport, SmokeReport
 from imagebuild.recipe.model import Recipe
+from imagebuild.render.paths import PROBE_COMMAND
 
-PROBE_COMMAND = ("python", "/opt/imagebuild/probe.pyz", "--expect", "/opt/imagebuild/expect.json")
 # FlashInfer JIT-compiles on first use where a GPU is visible (tier 4): give the probe time.
 SMOKE_TIMEOUT_S = 1800
 

@@ -1,6 +1,8 @@
 """Facts: the CUDA, driver, GPU-target, Debian and glibc table in compat.toml beside it, with sources.
 
-Loaded once, validated (every entry needs a source), and looked up by the rules in imagebuild/compat.py and by doctor.
+Loaded once, validated (every entry needs a source), and looked up by the rules beside it (rules.py),
+by recipe and by doctor. The public API is `load_facts()` and its fact types, and the lookups at the
+end: `debian_suite`, `torch_cuda`, `without_cuda`, `parse_version`, `release_cuda`, `native_toolkit`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
 
 DATA_FILE = Path(__file__).parent / "compat.toml"
 BASES = ("verified", "general")  # FACTS.md's [V] and [G]
-_NOT_CUDA = re.compile(r"^(cpu|rocm.*|xpu.*)$")  # local tags of torch builds without CUDA
+_NOT_CUDA = re.compile(r"^(cpu|rocm.*|xpu.*)$")  # local tags of torch builds without CUDA: without_cuda()
 
 
 @dataclass(frozen=True)
@@ -216,23 +218,29 @@ def debian_suite(suite: str) -> SuiteFacts:
 def torch_cuda(version: str) -> CudaVersion | None:
     """CUDA of a torch build as its version says it (a `+cuXYZ` local tag); None when it does not say:
     the wheel's own METADATA says it at lock (lock/artifacts.py)."""
-    parsed = _version(version)
+    parsed = parse_version(version)
     if parsed is None or not parsed.local:
         return None
     match = re.fullmatch(r"cu(\d{1,2})(\d)", parsed.local)
     return CudaVersion(int(match.group(1)), int(match.group(2))) if match else None
 
 
-def _version(text: str) -> Version | None:
+def without_cuda(local: str) -> bool:
+    """Whether a torch version's local tag names a build without CUDA: +cpu, +rocm6.4, +xpu."""
+    return bool(_NOT_CUDA.match(local))
+
+
+def parse_version(text: str) -> Version | None:
+    """A distribution's version as packaging reads it; None when it is not one."""
     try:
         return Version(text)
     except (InvalidVersion, TypeError):
         return None
 
 
-def _release_cuda(text: str) -> CudaVersion | None:
+def release_cuda(text: str) -> CudaVersion | None:
     """The CUDA major.minor that leads a distribution's version: 13.0.88 -> 13.0."""
-    parsed = _version(text)
+    parsed = parse_version(text)
     if parsed is None or len(parsed.release) < 2:
         return None
     return CudaVersion(parsed.release[0], parsed.release[1])

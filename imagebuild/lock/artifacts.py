@@ -9,7 +9,7 @@ them come the facts no hand table should hold:
     nvcc_carriers  which toolchain wheels really ship an nvcc binary (cu12 nvcc wheels ship ptxas only)
     requires       what each wheel requires of the locked torch (torchvision, torchaudio)
 
-compat.py turns them into findings; nothing here judges.
+knowledge/rules.py turns them into findings; nothing here judges.
 """
 
 from __future__ import annotations

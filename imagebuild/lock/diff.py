@@ -42,6 +42,9 @@ class LockDiff:
     imagebuild: list[dict] = field(default_factory=list)  # template / payload checksum: key, old, new
     rebuilds: list[dict] = field(default_factory=list)  # step, rebuilds, why
     kernels: dict = field(default_factory=dict)  # recompile: all|sglang|maybe|none, why
+    # Judged by the recipe (flows/lockdiff.py); None when no recipe judged the two locks:
+    findings: dict | None = None  # appeared, cleared: the rules' findings only one lock has
+    patches_broken: list | None = None  # patch, package, old, new, problems: a moved wheel the patch misses
 
     @property
     def wheel_changes(self) -> list[dict]:
@@ -57,7 +60,8 @@ class LockDiff:
         return {"arch": self.arch, "changed": self.changed, "moved": self.moved, "added": self.added,
                 "removed": self.removed, "rehashed": self.rehashed, "cuda": self.cuda, "base": self.base,
                 "base_changed": self.base_changed, "patches": self.patches, "imagebuild": self.imagebuild,
-                "rebuilds": self.rebuilds, "kernels": self.kernels}
+                "rebuilds": self.rebuilds, "kernels": self.kernels, "findings": self.findings,
+                "patches_broken": self.patches_broken}
 
 
 @dataclass
@@ -69,6 +73,7 @@ class LocksDiff:
     platforms: list[LockDiff]
     added_platforms: list[str] = field(default_factory=list)
     removed_platforms: list[str] = field(default_factory=list)
+    judged_by: str | None = None  # the recipe whose rules and patches judged both locks, if one did
 
     @property
     def changed(self) -> bool:
@@ -77,7 +82,8 @@ class LocksDiff:
     def to_dict(self) -> dict:
         return {"old": self.old, "new": self.new, "changed": self.changed,
                 "platforms": [d.to_dict() for d in self.platforms],
-                "added_platforms": self.added_platforms, "removed_platforms": self.removed_platforms}
+                "added_platforms": self.added_platforms, "removed_platforms": self.removed_platforms,
+                "judged_by": self.judged_by}
 
 
 def per_platform(locks: Lock | PlatformLocks | dict[str, Lock]) -> dict[str, Lock]:

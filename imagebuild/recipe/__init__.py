@@ -6,7 +6,8 @@
     layers.py  which image layer a distribution goes in (framework, kernels, libraries, application)
 
 Public surface: load_recipe, parse_recipe, Recipe, DebianBase, ImageBase, PythonSpec.
-May import: errors, knowledge.cuda (the CUDA vocabulary). No engine, registry or CLI code.
+May import: errors, knowledge's facts layer (cuda.py, the CUDA vocabulary; facts.py, the known Debian
+suites), never knowledge/rules.py, which imports this package. No engine, registry or CLI code.
 """
 
 from imagebuild.recipe.model import DebianBase, ImageBase, PythonSpec, Recipe, load_recipe, parse_recipe

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from imagebuild.cli import output
 from imagebuild.cli.output import literal, make_console
-from imagebuild.compat import Finding
+from imagebuild.knowledge import Finding
 from imagebuild.errors import BuildFailed, ImagebuildError, RecipeError
 
 # Arbitrary text, with the characters that broke the old printer well represented.
@@ -103,7 +103,7 @@ def test_smoke_reports_print_names_and_details_literally(status, name, detail):
 def test_doctor_reports_print_findings_and_fixes_literally(target, name, detail, fix):
     report = SimpleNamespace(host={"python": "3.11"}, target=target, python="/usr/bin/python3",
                              facts={"glibc": "2.36"}, seconds=1.0, ok=False, errors=[1], warnings=[],
-                             findings=[{"status": "fail", "name": name, "detail": detail, "fix": fix}])
+                             findings=[Finding("error", name, detail, {}, fix)])
     assert render(output.print_doctor, report) == (
         f"doctor: {literal(target)}, probe under /usr/bin/python3 (Python 3.11, glibc 2.36), 1.0 s\n"
         f"  FAIL {literal(name)}: {literal(detail)}\n"

@@ -21,10 +21,10 @@ from tests.conftest import missing_tool
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild import compat
 from imagebuild.flows import doctor
 from imagebuild.cli import app as cli
 from imagebuild.errors import EXIT_FAILED, EXIT_OK
+from imagebuild.knowledge.facts import load_facts
 from imagebuild.payload import probe
 from imagebuild.payload.probe import bundle
 
@@ -150,11 +150,11 @@ def run_doctor(venv, tmp_path, *, python=None, env=None, driver_file=None) -> do
 
 
 def named(report, name: str) -> dict:
-    return next(f for f in report.findings if f["name"] == name)
+    return next(f.to_probe() for f in report.findings if f.rule == name)
 
 
 def statuses(report) -> dict:
-    return {f["name"]: f["status"] for f in report.findings}
+    return {f.rule: f.to_probe()["status"] for f in report.findings}
 
 
 def apply_fix(fix: str, env: dict) -> None:
@@ -169,13 +169,13 @@ def test_healthy_venv_has_no_findings_and_answers_fast(envs, tmp_path):
     started = time.monotonic()
     report = run_doctor(envs.healthy, tmp_path)
     assert time.monotonic() - started < 5
-    assert report.ok, [(f["name"], f["detail"]) for f in report.errors]
+    assert report.ok, [(f.rule, f.message) for f in report.errors]
     found = statuses(report)
     for name in ("python", "toolkits", "cuda-home:deep_gemm", "cuda-home:flashinfer", "cuda-versions",
                  "flashinfer-cuda-version", "jit-cache:deep_gemm", "jit-cache:flashinfer", "glibc-nvcc"):
         assert found[name] == "pass", (name, named(report, name)["detail"])
     assert found["driver"] == "skip" and "cuda-home:torch" not in found  # no driver file; no torch installed
-    assert all({"severity", "fix", "evidence", "detail"} <= set(f) for f in report.findings)
+    assert all({"severity", "fix", "evidence", "detail"} <= set(f.to_probe()) for f in report.findings)
     assert report.facts["consumers"]["deep_gemm"]["home"] == str(envs.healthy.home)
     assert report.facts["consumers"]["flashinfer"]["rule_confirmed"] is True
 
@@ -183,7 +183,7 @@ def test_healthy_venv_has_no_findings_and_answers_fast(envs, tmp_path):
 def test_fake_blackwell_driver_is_read_and_checked_against_the_compat_data(envs, tmp_path):
     smi = fake_nvidia_smi(tmp_path / "fake-nvidia-smi")
     report = run_doctor(envs.healthy, tmp_path, env=env_for(envs.healthy, tmp_path, smi))
-    assert report.ok, [f["detail"] for f in report.errors]
+    assert report.ok, [f.message for f in report.errors]
     assert named(report, "driver")["detail"] == f"driver 595.71.05 (nvidia-smi); {BLACKWELL} (compute 12.0)"
     assert named(report, "driver-cuda")["evidence"]["native_cuda"] == "13.2"
     assert "driver 595.71.05 runs CUDA 13.2 and older natively" in named(report, "driver-cuda")["detail"]
@@ -341,7 +341,7 @@ def healthy_facts(envs, tmp_path_factory):
 
 
 def test_glibc_2_41_with_nvcc_13_0_is_an_error(healthy_facts):
-    findings = {f["name"]: f for f in doctor.compat_findings(dict(healthy_facts, glibc="2.41"))}
+    findings = {f.rule: f.to_probe() for f in doctor.compat_findings(dict(healthy_facts, glibc="2.41"))}
     glibc = findings["glibc-nvcc"]
     assert glibc["status"] == "fail" and glibc["evidence"]["rule"] == "glibc-breaks-nvcc"
 
@@ -363,7 +363,7 @@ def test_gpu_older_than_what_torch_carries_is_an_error(healthy_facts):
 
 
 def test_the_probe_knows_every_cuda_versioned_wheel_the_compat_data_knows():
-    assert set(compat.load_facts().toolchain) <= set(probe.CUDA_VERSIONED)
+    assert set(load_facts().toolchain) <= set(probe.CUDA_VERSIONED)
 
 
 @pytest.mark.parametrize("text, version", [
@@ -450,7 +450,7 @@ def toolchain_image(engine):
 
 def test_cuda_toolchain_image_is_healthy(engine, toolchain_image):
     report = doctor.diagnose_image(toolchain_image, engine)
-    assert report.ok, [f["detail"] for f in report.errors]
+    assert report.ok, [f.message for f in report.errors]
     assert report.python == "/opt/venv/bin/python3" and report.facts["stack"]["prefix"] == "/opt/venv"
     assert named(report, "cuda-home:deep_gemm")["evidence"]["home"] == IMAGE_CUDA_HOME
     assert named(report, "cuda-versions")["status"] == "pass"
@@ -470,7 +470,7 @@ def test_image_without_cuda_home_reproduces_deep_gemm_not_finding_cuda(engine, t
 def test_this_host_is_diagnosed(tmp_path):
     report = doctor.diagnose(cwd=tmp_path)
     assert report.target == "host" and report.facts["glibc"] and report.findings
-    assert {f["name"] for f in report.findings} >= {"driver", "python", "toolkits", "driver-cuda", "glibc-nvcc"}
+    assert {f.rule for f in report.findings} >= {"driver", "python", "toolkits", "driver-cuda", "glibc-nvcc"}
 
 
 def run_cli(monkeypatch, capsys, *argv) -> tuple:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import compat, flows
+from imagebuild import flows
+from imagebuild.knowledge import has_errors, rules
 from imagebuild.errors import FindingsFailed
 from imagebuild.cli.repro import image_kernels
 from imagebuild.image.sbom import build_sbom
@@ -34,7 +35,7 @@ def test_flagship_lock_keeps_the_toolchain_on_torchs_cuda():
     assert packages["cuda-toolkit"].startswith("13.0.")  # what torch 2.14's wheel pins (tests/lock/test_artifacts.py)
     for name in TOOLCHAIN:
         assert packages[name].startswith("13.0."), (name, packages[name])
-    assert not compat.has_errors(compat.check_resolved(load_recipe(RECIPE), packages, lock.base.glibc))
+    assert not has_errors(rules.check_resolved(load_recipe(RECIPE), packages, lock.base.glibc))
     assert "nvidia-cutlass-dsl-libs-cu12" not in packages  # a CUDA 12 build the stack cannot use
     layers = {w.name: w.layer for w in lock.wheels}
     assert layers["torch"] == layers["nvidia-cublas"] == "framework"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import compat, flows
+from imagebuild import flows
+from imagebuild.knowledge import has_errors
 from imagebuild.lock import read_lock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,7 +20,7 @@ def test_gallery_locks_hold_no_errors_and_answer_their_findings():
     """Fast: the committed locks of the gallery are fresh and their recipes check clean."""
     for name in ("vllm-blackwell", "sglang-hopper"):
         report = flows.check(RECIPES / f"{name}.toml")
-        assert not compat.has_errors(report.findings), [f.message for f in report.findings]
+        assert not has_errors(report.findings), [f.message for f in report.findings]
         lock = read_lock(REPO / "lockfiles" / f"{name}.lock")
         assert "nvidia-cutlass-dsl-libs-cu12" not in lock.packages
         assert lock.packages["nvidia-nvjitlink"].startswith("13.0.")

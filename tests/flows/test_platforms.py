@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imagebuild import compat, flows
+from imagebuild import flows
+from imagebuild.knowledge import Finding, rules
 from tests.fake_base import debian_identity
 from imagebuild.errors import LockError, RecipeError, ResolveFailed
 from imagebuild.lock import Lock, LockedWheel, PlatformLocks, parse_locks, read_lock, resolve_lock, write_locks
@@ -144,17 +145,17 @@ def test_a_prune_entry_for_some_platforms_prunes_only_their_images(tmp_path):
 
 def test_each_platforms_gpu_targets_are_checked_against_the_toolkit(tmp_path):
     recipe = parse(RECIPE.replace('toolkit = "13.0"', 'toolkit = "12.8"'), tmp_path)
-    errors = [f for f in compat.check_recipe(recipe) if f.severity == "error"]
+    errors = [f for f in rules.check_recipe(recipe) if f.status == "error"]
     assert [(f.rule, f.key) for f in errors] == [("arch-needs-newer-cuda", "platforms.arm64.cuda_archs")]
     assert "sm_121a" in errors[0].message and "[platforms.arm64].cuda_archs" in errors[0].evidence
     # Negative control: with CUDA 12.9, DGX Spark's sm_121a compiles, and GB200's sm_100a already did.
     fine = parse(RECIPE.replace('toolkit = "13.0"', 'toolkit = "12.9"'), tmp_path)
-    assert not [f for f in compat.check_recipe(fine) if f.rule.startswith("arch-")]
+    assert not [f for f in rules.check_recipe(fine) if f.rule.startswith("arch-")]
 
 
 def test_findings_every_platform_has_are_said_once_and_the_others_name_their_platform():
-    shared = compat.Finding("note", "overlap", "two own a.py", "", "", "src")
-    arm_only = compat.Finding("error", "no-nvcc", "no nvcc", "", "", "src")
+    shared = Finding("note", "overlap", "two own a.py", "", "", "src")
+    arm_only = Finding("error", "no-nvcc", "no nvcc", "", "", "src")
     merged = flows.across_platforms({"amd64": [shared], "arm64": [shared, arm_only]})
     assert [f.message for f in merged] == ["two own a.py", "linux/arm64: no nvcc"]
 

@@ -1,4 +1,4 @@
-"""Facts read from the locked wheels (lock/artifacts.py) and the rules over them (compat.check_artifacts).
+"""Facts read from the locked wheels (lock/artifacts.py) and the rules over them (rules.check_artifacts).
 
 The real-release tests read real wheels from the index with ranged requests: torch's CUDA from its
 METADATA (a CUDA 12.8 PyPI build and a CUDA 13.0 one), nvcc in the pip toolchain wheels (the cu12
@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from packaging.requirements import Requirement
 
 from imagebuild import flows
-from imagebuild.compat import check_artifacts, check_overlaps, has_errors
+from imagebuild.knowledge import has_errors
+from imagebuild.knowledge.rules import check_artifacts, check_overlaps
 from imagebuild.errors import FindingsFailed
 from imagebuild.knowledge.cuda import CudaVersion
 from imagebuild.recipe.model import load_recipe
@@ -64,7 +65,7 @@ def test_overlaps_ignore_each_wheels_own_dist_info_and_tell_same_from_different(
                         Overlap("cv2/cv2.so", ("opencv-python", "opencv-python-headless"), False),
                         Overlap("nvidia/__init__.py", ("nvidia-a", "nvidia-b"), True)]
     findings = check_overlaps(overlaps)
-    assert [(f.severity, f.rule) for f in findings] == [("note", "file-overlap-identical"),
+    assert [(f.status, f.rule) for f in findings] == [("note", "file-overlap-identical"),
                                                         ("error", "file-overlap"),
                                                         ("note", "file-overlap-identical")]
     error = findings[1]
@@ -177,7 +178,7 @@ def test_torch_from_pypi_is_read_as_cuda_12_8_from_its_own_metadata(write_recipe
     """torch 2.9.1's default wheel: no hand-table entry needed, its Requires-Dist says CUDA 12.8."""
     found = rules(lock_findings(write_recipe, ["torch==2.9.1"], "13.0", "torch-pypi"))
     mismatch = found["torch-cuda-mismatch"]
-    assert mismatch.severity == "error" and "built for CUDA 12.8, not the image's CUDA 13.0" in mismatch.message
+    assert mismatch.status == "error" and "built for CUDA 12.8, not the image's CUDA 13.0" in mismatch.message
     assert "nvidia-cuda-runtime-cu12==12.8" in mismatch.evidence and "torch-unknown" not in found
     # The negative control: the same wheel in a CUDA 12.8 image is fine.
     assert "torch-cuda-mismatch" not in rules(lock_findings(write_recipe, ["torch==2.9.1"], "12.8", "torch-128"))

@@ -55,7 +55,7 @@ def test_a_patch_that_applies_passes_lock_and_check(locked):
     assert not report.findings
     (result,) = check_locked_patches(load_recipe(path), read_lock(report.lock_path))
     assert result.applies and result.checked == "2.32.3"
-    assert [(f.severity, f.rule) for f in flows.check(path).findings] == [("note", "lock-fresh")]
+    assert [(f.status, f.rule) for f in flows.check(path).findings] == [("note", "lock-fresh")]
 
 
 def test_lock_refuses_a_patch_that_no_longer_applies_and_writes_nothing(write_recipe):
@@ -64,7 +64,7 @@ def test_lock_refuses_a_patch_that_no_longer_applies_and_writes_nothing(write_re
     with pytest.raises(FindingsFailed) as refused:
         flows.lock(path)
     (finding,) = refused.value.findings
-    assert finding.rule == "patch-does-not-apply" and finding.severity == "error"
+    assert finding.rule == "patch-does-not-apply" and finding.status == "error"
     assert finding.message.startswith(f"the patch {path.parent / 'requests.patch'} does not apply to requests "
                                       "2.32.3: requests/__version__.py: hunk 1 of 1 (@@ -1,3 +1,3 @@)")
     assert "requests/__version__.py: hunk 1 of 1" in str(refused.value)  # the error lock prints names file and hunk

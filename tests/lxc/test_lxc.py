@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from imagebuild.cli import app as cli
 from imagebuild.errors import ToolMissing
-from imagebuild.flows import PROBE_COMMAND
+from imagebuild.render.paths import PROBE_COMMAND
 from imagebuild.lxc import lxc, lxc_gpu, rootfs_filter
 
 ROOT = Path(__file__).resolve().parents[2]

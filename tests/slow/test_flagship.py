@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import compat, flows
+from imagebuild import flows
 from imagebuild.errors import FindingsFailed
 from imagebuild.cli.repro import image_kernels
 from imagebuild.image.sbom import build_sbom

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import compat, flows
+from imagebuild import flows
 from imagebuild.lock import read_lock
 
 REPO = Path(__file__).resolve().parents[2]

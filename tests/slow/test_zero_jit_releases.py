@@ -31,6 +31,7 @@ from imagebuild.flows import ca_bundle
 from imagebuild.registry.registry import push
 from imagebuild.recipe.model import load_recipe
 from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, render_context
+from imagebuild.render.paths import OWN_STEP
 from tests import registry_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -171,7 +172,7 @@ def build_on_mount(engine, newest, folder: Path, mount: tuple[str, str]) -> tupl
 
 
 def remove_mount(engine, mount: tuple[str, str]) -> None:
-    for found in engine.cache_mounts():
+    for found in engine.cache_mounts(OWN_STEP):
         if f"cached mount {mount[1]} " in found["description"]:
             engine.remove_cache_mount(found["id"])
 

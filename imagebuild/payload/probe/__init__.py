@@ -7,7 +7,7 @@ Each check is a small function returning a plain dict.
 
     report.py         statuses, the check / finding / report dicts
     system.py         readers of the running system, and the text helpers they share
-    expect.py         expect.json, the renderer's promise the checks hold the image to
+    expect.py         expect.json's schema (SCHEMA), the renderer's promise the checks hold the image to
     toolchain.py      checks: interpreter, packages, cuda-toolchain, cuda-home
     deep_gemm.py      check: deep-gemm-sm120 (kernels compiled the way deep_gemm's JIT would)
       deep_gemm_release.py  what the installed release compiles: kernel headers, template parameters, flags
@@ -26,7 +26,7 @@ The names below are what imagebuild (doctor.py) and the tests use.
 """
 
 from .cli import main, run_probe
-from .consumers import cuda_version_is_patched
+from .consumers import cuda_version_is_patched, triton_ptxas_for
 from .deep_gemm import EM_CUDA, check_deep_gemm_sm120, parse_cubin_header
 from .deep_gemm_release import (SM120, SM120_KERNELS, Unreadable, jit_command, jit_generators, kernel_arguments, kernel_plan,
                                 scan_strings, sm_targets)
@@ -51,6 +51,6 @@ __all__ = [
     "SM120_KERNELS", "Unreadable", "jit_command", "jit_generators", "kernel_arguments", "kernel_plan", "sm_targets",
     "check_imports", "check_torch_cuda", "check_flashinfer_dynamo", "check_gpu",
     "parse_dist_dir", "arch_number", "parse_arch_list", "parse_driver_version_file", "parse_smi_gpus",
-    "parse_torch_version_file", "runs_on", "cuda_version_is_patched",
+    "parse_torch_version_file", "runs_on", "cuda_version_is_patched", "triton_ptxas_for",
     "CONSUMER_LABELS", "CUDA_VERSIONED", "finding_cuda_versions", "finding_gpu_arch",
 ]

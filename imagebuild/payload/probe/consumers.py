@@ -110,6 +110,15 @@ def triton_ptxas(package: str | None) -> dict:
     return {"installed": True, "package": package, "tools": tools}
 
 
+def triton_ptxas_for(tools: dict, compute_cap: str) -> str:
+    """Which of the tools triton_ptxas found Triton runs for a GPU of compute capability `compute_cap`
+    ("12.0"): ptxas-blackwell for sm_100 and newer where this Triton has one, ptxas otherwise (its
+    backends/nvidia/compiler.py get_ptxas). The one place this is decided: doctor asks it too."""
+    major = str(compute_cap).split(".")[0]
+    blackwell = major.isdigit() and int(major) >= 10
+    return "ptxas-blackwell" if blackwell and "ptxas-blackwell" in tools else "ptxas"
+
+
 def deep_gemm_jit_facts(stack: dict) -> dict:
     """Whether the installed deep_gemm JITs SM120 kernels, and the arch its JIT names for sm_120."""
     package = locate_package("deep_gemm", stack["dirs"])

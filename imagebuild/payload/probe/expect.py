@@ -1,70 +1,108 @@
-"""expect.json, written by the renderer (imagebuild/render.py `expectations`): what the image promises.
+"""expect.json: what the image promises, its schema written once (SCHEMA) for both of its sides.
 
-validate_expect checks its shape and normalises package names; load_expect reads the file.
+The renderer (imagebuild/render/context.py `expectations`) writes it and checks what it wrote with
+validate_expect(strict=True): every key of SCHEMA, nothing else. The probe reads it with load_expect,
+which checks the same SCHEMA leniently (a key left out reads as its default) and normalises package
+names. Standard library only, as the rest of the probe.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+from collections import namedtuple
 
 from .system import canonical_name, major_minor
 
-NO_EXPECTATIONS = {"python": {}, "packages": {}, "cuda": None, "deep_gemm": {"compile": False},
-                   "imports": [], "torch_cuda": None, "flashinfer_dynamo": False, "aot": None}
+# One key of the document: what it must hold, the problem said otherwise, what a missing key reads as,
+# and how its value is normalised for the checks.
+Field = namedtuple("Field", "name accepts problem default normal")
 
 
-def validate_expect(raw) -> tuple:
-    """(expectations, []) for a valid expect document, (None, [problems]) otherwise."""
+def is_str(value) -> bool:
+    return isinstance(value, str)
+
+
+def is_bool(value) -> bool:
+    return isinstance(value, bool)
+
+
+def is_cuda_version(value) -> bool:
+    """`13.0` (or `13.0.88`): major.minor first."""
+    return major_minor(value) is not None
+
+
+def nullable(accepts):
+    return lambda value: value is None or accepts(value)
+
+
+def list_of(accepts, non_empty: bool = False):
+    return lambda value: (isinstance(value, list) and (bool(value) or not non_empty)
+                          and all(accepts(item) for item in value))
+
+
+def mapping_of(accepts_key, accepts_value):
+    return lambda value: isinstance(value, dict) and all(accepts_key(k) and accepts_value(v) for k, v in value.items())
+
+
+def record(required: dict, optional: dict | None = None):
+    """An object holding each required key with an accepted value; an optional key, when present, too.
+    Other keys are allowed (a newer renderer may add some)."""
+    optional = optional or {}
+    return lambda value: (isinstance(value, dict)
+                          and all(key in value and accepts(value[key]) for key, accepts in required.items())
+                          and all(accepts(value[key]) for key, accepts in optional.items() if key in value))
+
+
+def _same(value):
+    return value
+
+
+SCHEMA = (
+    Field("python", record({"executable": is_str, "version": is_str}),
+          '"python" must be {"executable": "<path>", "version": "<major.minor>"}', None, _same),
+    Field("packages", mapping_of(is_str, is_str),
+          '"packages" must map distribution names to exact version strings', None,
+          lambda packages: {canonical_name(name): version for name, version in packages.items()}),
+    Field("cuda", nullable(record({"toolkit": is_cuda_version, "home": is_str},
+                                  {"archs": list_of(is_str), "toolchain": list_of(is_str)})),
+          '"cuda" must be null or {"toolkit": "13.0", "archs": [...], "home": "<path>"}', None, _same),
+    Field("deep_gemm", nullable(record({}, {"compile": is_bool})),
+          '"deep_gemm" must be null or {"compile": true|false}', None,
+          lambda deep_gemm: deep_gemm or {"compile": False}),
+    Field("imports", list_of(is_str), '"imports" must be a list of module names', [], _same),
+    Field("torch_cuda", nullable(is_cuda_version), '"torch_cuda" must be null or a CUDA version like "13.0"',
+          None, _same),
+    Field("flashinfer_dynamo", is_bool, '"flashinfer_dynamo" must be true or false', False, _same),
+    Field("aot", nullable(record({"manifest": is_str, "sglang": is_bool, "archs": list_of(is_str, non_empty=True),
+                                  "shapes": list_of(lambda shape: isinstance(shape, dict), non_empty=True)})),
+          '"aot" must be null or {"manifest": "<path>", "archs": [...], "sglang": bool, "shapes": [...]}', None, _same),
+    Field("patches", list_of(record({"package": is_str, "sha256": is_str})),
+          '"patches" must be a list of {"package": "<name>", "sha256": "<hex>"}', [], _same),
+)
+KEYS = tuple(field.name for field in SCHEMA)
+# What the probe holds a host or an image to without an expect file (doctor, --only).
+NO_EXPECTATIONS = {"python": {}, "packages": {}, "cuda": None, "deep_gemm": {"compile": False}, "imports": [],
+                   "torch_cuda": None, "flashinfer_dynamo": False, "aot": None, "patches": []}
+
+
+def validate_expect(raw, strict: bool = False) -> tuple:
+    """(expectations, []) for a valid expect document, (None, [problems]) otherwise. strict (the
+    renderer's own check): every key of SCHEMA present and no other key."""
     if not isinstance(raw, dict):
         return None, ["the expect file must hold a JSON object"]
     errors = []
-    python = raw.get("python")
-    if not (isinstance(python, dict) and all(isinstance(python.get(key), str) for key in ("executable", "version"))):
-        errors.append('"python" must be {"executable": "<path>", "version": "<major.minor>"}')
-    packages = raw.get("packages")
-    if not (isinstance(packages, dict)
-            and all(isinstance(name, str) and isinstance(version, str) for name, version in packages.items())):
-        errors.append('"packages" must map distribution names to exact version strings')
-    cuda = raw.get("cuda")
-    if cuda is not None and not (
-        isinstance(cuda, dict) and major_minor(cuda.get("toolkit")) is not None and isinstance(cuda.get("home"), str)
-        and isinstance(cuda.get("archs", []), list) and all(isinstance(a, str) for a in cuda.get("archs", []))
-        and isinstance(cuda.get("toolchain", []), list) and all(isinstance(n, str) for n in cuda.get("toolchain", []))
-    ):
-        errors.append('"cuda" must be null or {"toolkit": "13.0", "archs": [...], "home": "<path>"}')
-    deep_gemm = raw.get("deep_gemm")
-    if deep_gemm is not None and not (
-        isinstance(deep_gemm, dict) and isinstance(deep_gemm.get("compile", False), bool)
-    ):
-        errors.append('"deep_gemm" must be null or {"compile": true|false}')
-    imports = raw.get("imports", [])
-    if not (isinstance(imports, list) and all(isinstance(m, str) for m in imports)):
-        errors.append('"imports" must be a list of module names')
-    torch_cuda = raw.get("torch_cuda")
-    if torch_cuda is not None and major_minor(torch_cuda) is None:
-        errors.append('"torch_cuda" must be null or a CUDA version like "13.0"')
-    if not isinstance(raw.get("flashinfer_dynamo", False), bool):
-        errors.append('"flashinfer_dynamo" must be true or false')
-    aot = raw.get("aot")
-    if aot is not None and not (
-        isinstance(aot, dict) and isinstance(aot.get("manifest"), str) and isinstance(aot.get("sglang"), bool)
-        and isinstance(aot.get("archs"), list) and aot["archs"] and all(isinstance(a, str) for a in aot["archs"])
-        and isinstance(aot.get("shapes"), list) and aot["shapes"]
-        and all(isinstance(shape, dict) for shape in aot["shapes"])
-    ):
-        errors.append('"aot" must be null or {"manifest": "<path>", "archs": [...], "sglang": bool, "shapes": [...]}')
-    if errors:
-        return None, errors
-    return {
-        "python": python,
-        "packages": {canonical_name(name): version for name, version in packages.items()},
-        "cuda": cuda,
-        "deep_gemm": deep_gemm or {"compile": False},
-        "imports": imports,
-        "torch_cuda": torch_cuda,
-        "flashinfer_dynamo": raw.get("flashinfer_dynamo", False),
-        "aot": aot,
-    }, []
+    if strict:
+        errors += [f'"{key}" is missing' for key in KEYS if key not in raw]
+        errors += [f"{json.dumps(str(key))} is no key of expect.json" for key in raw if key not in KEYS]
+    expect = {}
+    for field in SCHEMA:
+        value = raw[field.name] if field.name in raw else copy.deepcopy(field.default)
+        if field.accepts(value):
+            expect[field.name] = field.normal(value)
+        else:
+            errors.append(field.problem)
+    return (None, errors) if errors else (expect, [])
 
 
 def load_expect(path: str) -> tuple:

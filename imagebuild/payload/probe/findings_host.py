@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from .consumers import triton_ptxas_for
 from .environments import STACK_DISTRIBUTIONS, install_command, stack_summary
 from .gpus import arch_number, runs_on
 from .report import FAIL, PASS, SKIP, WARN, make_finding, shell_fix
@@ -95,8 +96,7 @@ def finding_triton(facts: dict) -> dict:
     used = ""
     caps = [gpu["compute_cap"] for gpu in facts["driver"]["gpus"] if gpu["compute_cap"]]
     if caps and "ptxas-blackwell" in triton["tools"]:
-        major = arch_number(caps[0])[0]
-        used = f"; for compute {caps[0]} it runs {'ptxas-blackwell' if major >= 10 else 'ptxas'}"
+        used = f"; for compute {caps[0]} it runs {triton_ptxas_for(triton['tools'], caps[0])}"
     if any(problem.startswith("no runnable") for problem in problems):
         return make_finding("triton-ptxas", FAIL, "; ".join(problems), "; ".join(fixes), **triton)
     if problems:

@@ -1,7 +1,8 @@
 """The report's vocabulary: check statuses, the dicts a check or a doctor finding is, and the report.
 
 Every check and finding is a plain dict (name, status, detail, evidence; a finding adds severity and
-fix); the report wraps them with the host's facts. REPORT_FORMAT changes when this shape does.
+fix); the report wraps them with the host's facts. REPORT_FORMAT changes when this shape does, and so
+does imagebuild/knowledge/finding.py, which reads a finding of this shape at one boundary (from_probe).
 """
 
 from __future__ import annotations

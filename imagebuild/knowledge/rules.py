@@ -1,49 +1,28 @@
-"""Stage 2, compat: rules over a recipe (and later its lock) -> findings; errors stop the pipeline.
+"""The rules: a recipe (and later its lock) against the facts beside it -> Findings; errors stop the build.
 
 CUDA toolkit, driver, GPU targets, torch, glibc and the pip CUDA toolchain. The facts live in
-knowledge/compat.toml, each with its source (loaded by knowledge/facts.py). Every rule is a small pure function over
-them that returns Findings; none raises on an odd version string. `check_recipe` runs what is
-knowable before resolving; `check_resolved` runs on the locked versions.
+compat.toml, each with its source, read through facts.py's public lookups. Every rule is a small
+pure function over them that returns Findings (finding.py); none raises on an odd version string.
+`check_recipe` runs what is knowable before resolving; `check_resolved` runs on the locked versions;
+`check_artifacts` on what the locked wheels say of themselves (lock/artifacts.py reads them).
+
+May import: the facts (cuda, facts, finding) and recipe's model, since a recipe is what they judge;
+recipe imports the facts, never this module (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
-from imagebuild.knowledge.facts import (_NOT_CUDA, DATA_FILE, SuiteFacts, _release_cuda, _version, debian_suite,
-                                        load_facts, native_toolkit, torch_cuda)
+from imagebuild.knowledge.facts import (DATA_FILE, load_facts, native_toolkit, parse_version, release_cuda, torch_cuda,
+                                        without_cuda)
+from imagebuild.knowledge.finding import Finding
 from imagebuild.recipe.model import ImageBase, PythonSpec, Recipe
-
-# What callers use from here besides the rules: the lookups live in facts.py.
-__all__ = ["Finding", "SuiteFacts", "check_archs", "check_driver", "check_glibc", "check_recipe",
-           "check_resolved", "check_toolchain", "check_torch", "debian_suite", "has_errors", "load_facts",
-           "torch_cuda"]
-
-@dataclass(frozen=True)
-class Finding:
-    severity: str  # "error" | "warning" | "note"
-    rule: str  # short id, e.g. "driver-too-old"
-    message: str  # one sentence a user understands
-    evidence: str  # the values that triggered it
-    fix: str  # the exact change: a recipe key, a pin, an env var
-    source: str  # the fact's source from compat.toml
-    key: str | None = None  # the recipe key it is about ("cuda.min_driver"), when one is
-    where: str | None = None  # "recipes/x.toml:16": the file and line of that key, once located
-
-    def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
-        return {name: value for name, value in data.items() if value is not None or name not in ("key", "where")}
-
-    def at(self, key: str) -> "Finding":
-        return dataclasses.replace(self, key=key)
-
 
 
 # --- rules ------------------------------------------------------------------------------------
@@ -143,7 +122,7 @@ def check_glibc(glibc: str, nvcc: CudaVersion) -> list[Finding]:
     """A new glibc's math headers against the nvcc (and crt headers) that will compile with them."""
     rule = load_facts().glibc_nvcc
     evidence = f"glibc {glibc}, nvcc {nvcc}"
-    parsed = _version(glibc)
+    parsed = parse_version(glibc)
     if parsed is None:
         return [Finding("warning", "glibc-unknown", f"{glibc!r} is not a glibc version, so nvcc "
                         "was not checked against it.", evidence,
@@ -165,13 +144,13 @@ def check_glibc(glibc: str, nvcc: CudaVersion) -> list[Finding]:
 def check_torch(torch_version: str, toolkit: CudaVersion) -> list[Finding]:
     """A torch pin whose version says its CUDA (+cuXYZ, +cpu, +rocm... from PyTorch's own indexes)
     against the toolkit. A plain pin says nothing: lock reads its wheel (check_artifacts)."""
-    parsed = _version(torch_version)
+    parsed = parse_version(torch_version)
     if parsed is None or not parsed.local:
         return []
     evidence = f"torch {torch_version}, [cuda].toolkit = {toolkit}"
     source = f"torch's local version +{parsed.local} (PyTorch's own indexes)"
     wanted = f"torch=={parsed.public}+cu{toolkit.major}{toolkit.minor} (PyTorch's CUDA {toolkit} index)"
-    if _NOT_CUDA.match(parsed.local):
+    if without_cuda(parsed.local):
         return [Finding("error", "torch-cuda-mismatch",
                         f"torch {torch_version} is a build without CUDA in a CUDA {toolkit} image.",
                         evidence, f"pin {wanted}", source)]
@@ -189,10 +168,10 @@ def check_toolchain(packages: Mapping[str, str], toolkit: CudaVersion) -> list[F
     locked = {canonicalize_name(str(name)): str(version) for name, version in packages.items()}
     present = [(d, locked[d.name]) for d in facts.toolchain.values()
                if d.name in locked and d.major in (None, toolkit.major)]
-    in_step = [f"{d.name} {v}" for d, v in present if _release_cuda(v) == toolkit]
+    in_step = [f"{d.name} {v}" for d, v in present if release_cuda(v) == toolkit]
     findings = []
     for dist, version in present:
-        cuda = _release_cuda(version)
+        cuda = release_cuda(version)
         evidence = f"{dist.name} {version} in the lock, [cuda].toolkit = {toolkit}" + (
             f"; in step: {', '.join(in_step)}" if in_step else "")
         if cuda is None:
@@ -279,7 +258,7 @@ def check_resolved(recipe: Recipe, packages: Mapping[str, str], glibc: str | Non
     findings = [f.at("python.constraints") for f in check_toolchain(packages, recipe.cuda.toolkit)]
     glibc = glibc or _base_glibc(recipe)
     locked = {canonicalize_name(str(name)): str(version) for name, version in packages.items()}
-    carriers = [_release_cuda(locked[n]) for n in load_facts().glibc_nvcc.carried_by if n in locked]
+    carriers = [release_cuda(locked[n]) for n in load_facts().glibc_nvcc.carried_by if n in locked]
     nvcc = min((c for c in carriers if c), default=None)
     if glibc and nvcc:
         findings += [f.at(_base_key(recipe)) for f in check_glibc(glibc, nvcc)]
@@ -376,7 +355,3 @@ def check_overlaps(overlaps: Iterable) -> list[Finding]:
                 f"or, where both must stay, a [[prune]] entry that removes the path from one of them",
                 ARTIFACT_SOURCE, key="python.exclude"))
     return findings
-
-
-def has_errors(findings: Iterable[Finding]) -> bool:
-    return any(f.severity == "error" for f in findings)

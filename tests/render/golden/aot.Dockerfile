@@ -1,6 +1,7 @@
 # Rendered by imagebuild 0.1.0 from recipe "cuda-toolchain" and its lock.
 # Do not edit: change the recipe, then `imagebuild lock` and `imagebuild build`.
-# Needs BuildKit (DOCKER_BUILDKIT=1) for the cache and secret mounts.
+# Needs BuildKit (DOCKER_BUILDKIT=1) for the cache and secret mounts. Each RUN step opens with its marker
+# (`: imagebuild-step=...`, a no-op): a failed step is explained from it.
 FROM imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee
 
 ENV VIRTUAL_ENV="/opt/venv" \
@@ -11,25 +12,25 @@ ENV VIRTUAL_ENV="/opt/venv" \
 
 # The virtual environment holds every locked wheel; no pip inside, nothing resolved here.
 RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
-    uv venv --quiet --no-cache --python /usr/bin/python3 /opt/venv
+    : imagebuild-step=venv && uv venv --quiet --no-cache --python /usr/bin/python3 /opt/venv
 
 # Layer 1/3: framework (6 wheels, 104 MB of wheels)
 COPY requirements/1-framework.txt /opt/imagebuild/requirements/1-framework.txt
 RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
     --mount=type=cache,id=imagebuild-uv,target=/root/.cache/uv,sharing=locked \
     --mount=type=secret,id=ca \
-    set -eu; \
+    : imagebuild-step=install layer=framework && set -eu; \
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi; \
     UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/1-framework.txt
-RUN ln -sfn lib /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib64 && ln -sfn libcudart.so.13 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so
+RUN : imagebuild-step=links layer=framework && ln -sfn lib /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib64 && ln -sfn libcudart.so.13 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so
 
 # Layer 2/3: kernels (1 wheels, 5 MB of wheels)
 COPY requirements/2-kernels.txt /opt/imagebuild/requirements/2-kernels.txt
 RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
     --mount=type=cache,id=imagebuild-uv,target=/root/.cache/uv,sharing=locked \
     --mount=type=secret,id=ca \
-    set -eu; \
+    : imagebuild-step=install layer=kernels && set -eu; \
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi; \
     UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/2-kernels.txt
@@ -39,7 +40,7 @@ COPY requirements/3-application.txt /opt/imagebuild/requirements/3-application.t
 RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
     --mount=type=cache,id=imagebuild-uv,target=/root/.cache/uv,sharing=locked \
     --mount=type=secret,id=ca \
-    set -eu; \
+    : imagebuild-step=install layer=application && set -eu; \
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi; \
     UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/3-application.txt
@@ -55,7 +56,7 @@ ENV DG_JIT_CACHE_DIR="/var/cache/deep_gemm" \
 # when only layers below changed, this step compiles nothing.
 RUN --mount=type=bind,source=aot,target=/run/imagebuild/aot \
     --mount=type=cache,id=imagebuild-kernels,target=/var/cache/imagebuild/kernels,sharing=locked \
-    set -eu; \
+    : imagebuild-step=aot && set -eu; \
     export FLASHINFER_WORKSPACE_BASE=/tmp/imagebuild-aot HOME=/tmp/imagebuild-aot/home PYTHONDONTWRITEBYTECODE=1 \
       FLASHINFER_CUDA_ARCH_LIST="12.0f" IMAGEBUILD_KERNEL_CACHE=/var/cache/imagebuild/kernels; \
     /opt/venv/bin/python -B /run/imagebuild/aot/kernels_aot.py build /run/imagebuild/aot/aot.json /opt/imagebuild/aot-manifest.json; \

@@ -13,7 +13,7 @@ from imagebuild.lock import LockedWheel
 from imagebuild.recipe.aot import AotSpec, ServingShape
 from imagebuild.render import render_context, render_dockerfile, render_values
 from tests.lock.test_lock import _lock
-from tests.test_render import _app_wheels, _check_golden, _recipe
+from tests.render.test_context import _app_wheels, _check_golden, _recipe
 
 SHAPES = (ServingShape("llama3-8b-bf16", 128, 32, 8, hidden_size=4096),
           ServingShape("llama3-8b-fp8kv", 128, 32, 8, kv_dtype="fp8_e4m3", tp=(1, 2)))

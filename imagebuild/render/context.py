@@ -1,7 +1,8 @@
-"""Render: a Lock (plus the recipe's env and labels) -> Dockerfile.j2 -> a build context on disk.
+"""A Lock (plus the recipe's env and labels) -> Dockerfile.j2 -> a build context on disk.
 
-All decisions are made here as plain values (layers, links, env, labels); the template only lays
-them out. Nothing is resolved inside the build: each layer installs hashed pins with --no-deps.
+All decisions are made here as plain values (layers, links, env, labels, the in-image paths of paths.py
+and each step's marker of markers.py); the template only lays them out. Nothing is resolved inside the
+build: each layer installs hashed pins with --no-deps.
 """
 
 from __future__ import annotations
@@ -10,29 +11,26 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import jinja2
 from packaging.version import Version
 
 from imagebuild import __version__, payload
-from imagebuild.errors import RecipeError
+from imagebuild.errors import LockError, RecipeError
 from imagebuild.lock import Lock, template_path
-from imagebuild.payload.probe import bundle, findings_kernels, kernel_cache
+from imagebuild.payload.probe import bundle
+from imagebuild.payload.probe.expect import validate_expect
 from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.model import Recipe
+from imagebuild.render import markers, paths
+from imagebuild.render.paths import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, SGLANG_JIT_CACHE, VENV
 
-VENV = "/opt/venv"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PATCHER_SOURCE = payload.PATCHER
 PRUNER_SOURCE = payload.PRUNER
 AOT_SOURCES = tuple(Path(bundle.SOURCE) / name  # the build step's script and what it runs with
                     for name in ("kernels_aot.py", "kernel_cache.py", "waste.py", "deterministic_pid.c"))
-KERNEL_CACHE_ID = kernel_cache.MOUNT_ID  # the BuildKit cache mount the [aot] step keeps compiled kernels in
-KERNEL_CACHE_DIR = kernel_cache.MOUNT_DIR
-AOT_MANIFEST = findings_kernels.KERNEL_MANIFEST  # where the [aot] step writes its manifest
-SGLANG_JIT_CACHE = "/var/cache/sglang/jit"
 LABEL_PREFIX = "io.imagebuild"
 
 
@@ -60,6 +58,29 @@ class LayerValues:
     def prune_file(self) -> str:
         return self.file.replace(".txt", ".json")
 
+    @property
+    def marker(self) -> str:
+        """The install step's marker: the layer, and whether [[prune]] runs in that step too."""
+        return markers.marker(markers.INSTALL, layer=self.name, **({"prune": "yes"} if self.prune else {}))
+
+    @property
+    def links_marker(self) -> str:
+        return markers.marker(markers.LINKS, layer=self.name)
+
+
+@dataclass(frozen=True)
+class PatchValues:
+    """One locked [[patches]] entry as its step applies it."""
+
+    package: str
+    file: str  # in the context's patches/ and in paths.PATCHES
+    sha256: str
+    strip: int
+
+    @property
+    def marker(self) -> str:
+        return markers.marker(markers.PATCH, package=self.package, file=self.file)
+
 
 @dataclass(frozen=True)
 class RenderValues:
@@ -74,10 +95,12 @@ class RenderValues:
     env_base: dict[str, str]
     env_recipe: dict[str, str]
     layers: tuple[LayerValues, ...]
-    patches: tuple
+    patches: tuple[PatchValues, ...]
     labels: dict[str, str]
     expect: dict
     aot: dict | None = None  # the [aot] build step's values; None: no step
+    venv_marker: str = markers.marker(markers.VENV)
+    paths: dict[str, str] = field(default_factory=paths.template_values)  # the in-image paths, by name
 
 
 def site_packages(lock: Lock) -> str:
@@ -207,12 +230,13 @@ def aot_values(lock: Lock, recipe: Recipe) -> dict | None:
         raise RecipeError(recipe.path, "[aot] compiles kernels, but the lock installs no nvcc (CUDA 13 pip wheels)",
                           key="aot", hint='add "cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]" to [python] requirements')
     return {"arch_list": aot.arch_list, "manifest": AOT_MANIFEST, "spec": aot.to_json(),
-            "cache_id": KERNEL_CACHE_ID, "cache_dir": KERNEL_CACHE_DIR,
+            "marker": markers.marker(markers.AOT), "cache_id": KERNEL_CACHE_ID, "cache_dir": KERNEL_CACHE_DIR,
             "shapes": ", ".join(shape.name for shape in aot.shapes)}
 
 
 def expectations(lock: Lock, imports: tuple[str, ...] = (), aot: dict | None = None) -> dict:
-    """What the in-image probe checks the image against (imagebuild/payload/probe/expect.py reads this file)."""
+    """What the in-image probe checks the image against: expect.json, checked against the payload's own
+    schema (imagebuild/payload/probe/expect.py SCHEMA) as written, every key and no other."""
     home = cuda_home(lock)
     summary = {key: value for key, value in (lock.cuda or {}).items() if key not in ("nvcc", "deep_gemm")}
     cuda = dict(summary, home=home) if summary and home else None
@@ -220,14 +244,18 @@ def expectations(lock: Lock, imports: tuple[str, ...] = (), aot: dict | None = N
         cuda["toolchain"] = [name for name in cuda["toolchain"] if name in lock.packages]
     deep_gemm = bool((lock.cuda or {}).get("deep_gemm"))  # a locked wheel installs a deep_gemm package
     has_torch = "torch" in lock.packages
-    return {"python": {"executable": f"{VENV}/bin/python", "version": lock.base.python},
-            "packages": lock.packages, "cuda": cuda,
-            "deep_gemm": {"compile": bool(cuda and deep_gemm)},
-            "imports": list(imports),
-            "torch_cuda": lock.cuda.get("toolkit") if has_torch and lock.cuda else None,
-            "flashinfer_dynamo": has_torch and "flashinfer-python" in lock.packages,
-            "patches": [{"package": p.package, "sha256": p.sha256} for p in lock.patches],
-            "aot": dict(aot["spec"], manifest=aot["manifest"]) if aot else None}
+    document = {"python": {"executable": f"{VENV}/bin/python", "version": lock.base.python},
+                "packages": lock.packages, "cuda": cuda,
+                "deep_gemm": {"compile": bool(cuda and deep_gemm)},
+                "imports": list(imports),
+                "torch_cuda": lock.cuda.get("toolkit") if has_torch and lock.cuda else None,
+                "flashinfer_dynamo": has_torch and "flashinfer-python" in lock.packages,
+                "patches": [{"package": p.package, "sha256": p.sha256} for p in lock.patches],
+                "aot": dict(aot["spec"], manifest=aot["manifest"]) if aot else None}
+    _, problems = validate_expect(document, strict=True)
+    if problems:  # the lock holds what the probe cannot read: say so here, not in a built image's smoke test
+        raise LockError(f"the lock of {lock.recipe} makes an expect.json the probe refuses: " + "; ".join(problems))
+    return document
 
 
 def render_values(lock: Lock, recipe: Recipe) -> RenderValues:
@@ -241,7 +269,8 @@ def render_values(lock: Lock, recipe: Recipe) -> RenderValues:
         python_path=lock.base.python_path, venv=VENV, site_packages=site_packages(lock),
         env_base=base_env(lock), env_recipe=dict(recipe.env) | aot_env(recipe),
         layers=layer_values(lock, prune_specs(lock, recipe)),
-        patches=lock.patches, labels=labels(lock, recipe),
+        patches=tuple(PatchValues(p.package, p.file, p.sha256, p.strip) for p in lock.patches),
+        labels=labels(lock, recipe),
         expect=expectations(lock, recipe.smoke.imports, aot), aot=aot)
 
 
@@ -260,7 +289,8 @@ def assignments(pairs: dict[str, str]) -> str:
         for key, value in pairs.items())
 
 
-def _environment() -> jinja2.Environment:
+def _environment():
+    import jinja2  # only the commands that render pay for it
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_path().parent)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
                              autoescape=False)
@@ -287,9 +317,10 @@ def render_context(lock: Lock, recipe: Recipe, out_dir: Path, *, uv_path: str | 
             (staging / "requirements" / layer.file).write_text("\n".join(layer.lines) + "\n")
         meta = staging / "imagebuild"
         meta.mkdir()
-        bundle.write_zipapp(meta / "probe.pyz")
-        (meta / "expect.json").write_text(json.dumps(values.expect, indent=2, sort_keys=True) + "\n")
-        (meta / "lock.json").write_text(lock_text if lock_text is not None else lock.to_json())
+        # Copied into paths.ROOT under the same names.
+        bundle.write_zipapp(meta / Path(paths.PROBE).name)
+        (meta / Path(paths.EXPECT).name).write_text(json.dumps(values.expect, indent=2, sort_keys=True) + "\n")
+        (meta / Path(paths.LOCK).name).write_text(lock_text if lock_text is not None else lock.to_json())
         if any(layer.prune for layer in values.layers):
             # Bind-mounted into the install steps, never copied into a layer.
             (staging / "prune").mkdir()

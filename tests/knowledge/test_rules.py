@@ -1,20 +1,19 @@
-"""Compatibility rules over data/compat.toml: each rule's error, warning and pass cases."""
+"""The rules (knowledge/rules.py) over the facts in knowledge/compat.toml: each rule's error, warning and pass
+cases, and that none raises on an odd version."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imagebuild.compat import (Finding, SuiteFacts, check_archs, check_driver, check_glibc, check_recipe,
-                               check_resolved, check_toolchain, check_torch, debian_suite, has_errors, load_facts,
-                               torch_cuda)
-from imagebuild.errors import ImagebuildError
-from imagebuild.knowledge import facts
+from imagebuild.knowledge import Finding, has_errors
 from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
+from imagebuild.knowledge.facts import debian_suite, load_facts, torch_cuda
+from imagebuild.knowledge.rules import (check_archs, check_driver, check_glibc, check_recipe, check_resolved,
+                                        check_toolchain, check_torch)
 from imagebuild.recipe.model import CudaSpec, DebianBase, ImageBase, PythonSpec, Recipe
 
 CUDA_12_8 = CudaVersion(12, 8)
@@ -36,7 +35,7 @@ SGLANG_LOCK = {
 
 
 def rules(findings: list[Finding]) -> list[tuple[str, str]]:
-    return [(f.severity, f.rule) for f in findings]
+    return [(f.status, f.rule) for f in findings]
 
 
 def recipe(*, toolkit="13.0", archs=("sm_120a",), min_driver="595.71.05", suite="bookworm",
@@ -48,106 +47,11 @@ def recipe(*, toolkit="13.0", archs=("sm_120a",), min_driver="595.71.05", suite=
         cuda=spec if cuda else None)
 
 
-# --- the data file ----------------------------------------------------------------------------
-
-def test_every_fact_has_a_source_and_a_basis():
-    raw = tomllib.loads(facts.DATA_FILE.read_text())
-    entries = [raw["glibc_nvcc"]] + [e for value in raw.values() if isinstance(value, list)
-                                      for e in value]
-    assert len(entries) > 30
-    for entry in entries:
-        assert isinstance(entry.get("source"), str) and entry["source"].strip(), entry
-        assert entry.get("basis") in facts.BASES, entry
-
-
-def test_facts_load_once_and_cover_the_brief():
-    facts = load_facts()
-    assert load_facts() is facts
-    for cuda in ("12.4", "12.6", "12.8", "12.9", "13.0", "13.1", "13.2", "13.3", "13.4", "13.5"):
-        assert CudaVersion.parse(cuda) in facts.drivers
-    assert facts.drivers[CudaVersion(13, 4)].ga is None
-    assert facts.drivers[CUDA_13_0].updates[-1] == "580.95.05"
-    assert {m: f.floor for m, f in facts.floors.items()} == {12: 525, 13: 580}
-    assert facts.archs["sm_120f"].first_cuda == CudaVersion(12, 9)
-    assert facts.archs["sm_110a"].first_cuda == CUDA_13_0
-    for name in ("cuda-toolkit", "nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cuda-cccl",
-                 "nvidia-cuda-crt", "nvidia-nvvm"):
-        assert name in facts.toolchain
-    for name in ("nvidia-cublas", "nvidia-cudnn-cu13", "nvidia-cuda-nvcc-cu13"):
-        assert name not in facts.toolchain
-
-
-@pytest.mark.parametrize("text, problem", [
-    ("not toml [", "cannot read"),
-    ("", "[[minor_version_compat]]: missing or empty"),
-    ("[[minor_version_compat]]\nmajor = 13\nfloor = 580\nbasis = 'verified'\n", "missing 'source'"),
-    ("[[minor_version_compat]]\nmajor = 13\nfloor = 580\nsource = ' '\nbasis = 'verified'\n",
-     "'source' is empty"),
-    ("[[minor_version_compat]]\nmajor = 13\nfloor = '580'\nsource = 's'\nbasis = 'verified'\n",
-     "'floor' must be of type int"),
-    ("[[minor_version_compat]]\nmajor = 13\nfloor = 580\nsource = 's'\nbasis = 'guess'\n",
-     "'basis' must be one of"),
-])
-def test_a_malformed_data_file_is_a_clear_error(tmp_path, text, problem):
-    path = tmp_path / "compat.toml"
-    path.write_text(text)
-    with pytest.raises(ImagebuildError, match=str(path)) as err:
-        load_facts(path)
-    assert problem in str(err.value)
-
-
-@pytest.mark.parametrize("old, new, problem", [
-    ('ga = "580.65.06"', 'ga = "580"', "not a Linux driver version"),
-    ('first_cuda = "13.0"', 'first_cuda = "thirteen"', "not a CUDA version"),
-    ('targets = ["sm_75"]', 'targets = ["sm_80"]', "target sm_80: listed twice"),
-    ('glibc = "2.36"', 'glibc = "2.36.x"', "[[debian]] entry 2"),
-    ('[glibc_nvcc]', '[glibc_nvcc_gone]', "[glibc_nvcc]: missing"),
-])
-def test_a_bad_value_in_the_real_file_names_its_entry(tmp_path, old, new, problem):
-    text = facts.DATA_FILE.read_text()
-    assert old in text
-    path = tmp_path / "compat.toml"
-    path.write_text(text.replace(old, new, 1))
-    with pytest.raises(ImagebuildError) as err:
-        load_facts(path)
-    assert problem in str(err.value)
-
-
-# --- lookups ----------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("suite, python, glibc, manylinux", [
-    ("bullseye", "3.9", "2.31", "manylinux_2_31"),
-    ("bookworm", "3.11", "2.36", "manylinux_2_36"),
-    ("trixie", "3.13", "2.41", "manylinux_2_41"),
-])
-def test_debian_suite(suite, python, glibc, manylinux):
-    facts = debian_suite(suite)
-    assert isinstance(facts, SuiteFacts)
-    assert (facts.suite, facts.python, facts.glibc, facts.manylinux) == (suite, python, glibc, manylinux)
-    assert facts.source
-
-
-def test_an_unknown_suite_names_the_known_ones():
-    with pytest.raises(ImagebuildError, match="bookworm, bullseye, trixie"):
-        debian_suite("buster")
-
-
-@pytest.mark.parametrize("version, cuda", [
-    ("2.14.1+cu130", CUDA_13_0), ("2.14.1+cu128", CUDA_12_8), ("2.10.0+cu130", CUDA_13_0),
-    ("2.4.0+cu118", CudaVersion(11, 8)),
-    # A plain release says nothing of its CUDA: no table guesses it; lock reads the wheel's METADATA.
-    ("2.9.0", None), ("2.14.1", None), ("2.99.0", None),
-    ("2.14.1+cpu", None), ("2.9.0+rocm6.4", None), ("nonsense", None), ("", None),
-])
-def test_torch_cuda_is_what_the_version_says(version, cuda):
-    assert torch_cuda(version) == cuda
-
-
 # --- check_driver -----------------------------------------------------------------------------
 
 def test_driver_below_the_minor_version_floor_is_an_error():
     [finding] = check_driver(CUDA_13_0, "570.124.06")
-    assert (finding.severity, finding.rule) == ("error", "driver-too-old")
+    assert (finding.status, finding.rule) == ("error", "driver-too-old")
     assert "580" in finding.message and "570.124.06" in finding.evidence
     assert '[cuda].toolkit = "12.8"' in finding.fix  # the newest CUDA that driver runs natively
     assert "580.65.06" in finding.fix
@@ -162,7 +66,7 @@ def test_driver_at_the_toolkit_minimum_is_clean():
 
 def test_driver_under_minor_version_compat_is_a_warning_about_ptx():
     [finding] = check_driver(CUDA_13_2, "580.95.05")
-    assert (finding.severity, finding.rule) == ("warning", "driver-minor-compat")
+    assert (finding.status, finding.rule) == ("warning", "driver-minor-compat")
     assert "PTX" in finding.message and "SASS" in finding.message
     assert "595.45.04" in finding.fix and '[cuda].toolkit = "13.0"' in finding.fix
 
@@ -186,7 +90,7 @@ def test_toolkits_without_a_known_minimum(toolkit, driver, expected):
 
 def test_family_target_needs_cuda_12_9():
     [finding] = check_archs(CUDA_12_8, [Arch.parse("sm_120f")])
-    assert (finding.severity, finding.rule) == ("error", "arch-needs-newer-cuda")
+    assert (finding.status, finding.rule) == ("error", "arch-needs-newer-cuda")
     assert '[cuda].toolkit = "12.9"' in finding.fix and "sm_120a" in finding.fix
 
 
@@ -223,7 +127,7 @@ def test_unknown_targets_are_warnings():
 
 def test_trixie_glibc_breaks_nvcc_before_13_2():
     [finding] = check_glibc(debian_suite("trixie").glibc, CUDA_13_0)
-    assert (finding.severity, finding.rule) == ("error", "glibc-breaks-nvcc")
+    assert (finding.status, finding.rule) == ("error", "glibc-breaks-nvcc")
     assert '[cuda].toolkit = "13.2"' in finding.fix and '[base].debian = "bookworm"' in finding.fix
     assert "38516" in finding.source
 
@@ -248,7 +152,7 @@ def test_torch_matching_the_toolkit_is_clean():
 
 def test_torch_built_for_another_cuda_is_an_error():
     [finding] = check_torch("2.14.1+cu130", CUDA_12_8)
-    assert (finding.severity, finding.rule) == ("error", "torch-cuda-mismatch")
+    assert (finding.status, finding.rule) == ("error", "torch-cuda-mismatch")
     assert '[cuda].toolkit = "13.0"' in finding.fix and "torch==2.14.1+cu128" in finding.fix
     assert "+cu130" in finding.source
 
@@ -269,7 +173,7 @@ def test_a_plain_torch_pin_is_left_to_the_wheel_read_at_lock():
 
 def test_sglang_nvcc_skew_is_an_error_with_the_constraint_to_add():
     [finding] = check_toolchain(SGLANG_LOCK, CUDA_13_0)
-    assert (finding.severity, finding.rule) == ("error", "toolchain-skew")
+    assert (finding.status, finding.rule) == ("error", "toolchain-skew")
     assert "nvidia-cuda-nvcc" in finding.message and "13.5.37" in finding.evidence
     assert "nvidia-cuda-runtime 13.0.96" in finding.evidence
     assert finding.fix == 'add "nvidia-cuda-nvcc==13.0.*" to [python].constraints, then relock'
@@ -392,7 +296,7 @@ def test_check_torch_never_raises(version, toolkit):
 def test_check_driver_never_raises_on_valid_drivers(toolkit, driver):
     parse_driver(driver)
     findings = check_driver(toolkit, driver)
-    assert len(findings) <= 1 and all(f.severity in ("error", "warning") for f in findings)
+    assert len(findings) <= 1 and all(f.status in ("error", "warning") for f in findings)
 
 
 @settings(max_examples=200, deadline=None)

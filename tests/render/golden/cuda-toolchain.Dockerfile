@@ -1,6 +1,7 @@
 # Rendered by imagebuild 0.1.0 from recipe "cuda-toolchain" and its lock.
 # Do not edit: change the recipe, then `imagebuild lock` and `imagebuild build`.
-# Needs BuildKit (DOCKER_BUILDKIT=1) for the cache and secret mounts.
+# Needs BuildKit (DOCKER_BUILDKIT=1) for the cache and secret mounts. Each RUN step opens with its marker
+# (`: imagebuild-step=...`, a no-op): a failed step is explained from it.
 FROM imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee
 
 ENV VIRTUAL_ENV="/opt/venv" \
@@ -11,44 +12,28 @@ ENV VIRTUAL_ENV="/opt/venv" \
 
 # The virtual environment holds every locked wheel; no pip inside, nothing resolved here.
 RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
-    uv venv --quiet --no-cache --python /usr/bin/python3 /opt/venv
+    : imagebuild-step=venv && uv venv --quiet --no-cache --python /usr/bin/python3 /opt/venv
 
-# Layer 1/3: framework (6 wheels, 104 MB of wheels)
+# Layer 1/2: framework (6 wheels, 104 MB of wheels)
 COPY requirements/1-framework.txt /opt/imagebuild/requirements/1-framework.txt
 RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
     --mount=type=cache,id=imagebuild-uv,target=/root/.cache/uv,sharing=locked \
     --mount=type=secret,id=ca \
-    set -eu; \
+    : imagebuild-step=install layer=framework && set -eu; \
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi; \
     UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/1-framework.txt
-RUN ln -sfn lib /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib64 && ln -sfn libcudart.so.13 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so
+RUN : imagebuild-step=links layer=framework && ln -sfn lib /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib64 && ln -sfn libcudart.so.13 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so
 
-# Layer 2/3: kernels (1 wheels, 5 MB of wheels)
+# Layer 2/2: kernels (1 wheels, 5 MB of wheels)
 COPY requirements/2-kernels.txt /opt/imagebuild/requirements/2-kernels.txt
 RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
     --mount=type=cache,id=imagebuild-uv,target=/root/.cache/uv,sharing=locked \
     --mount=type=secret,id=ca \
-    set -eu; \
+    : imagebuild-step=install layer=kernels && set -eu; \
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi; \
     UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/2-kernels.txt
-
-# Layer 3/3: application (1 wheels, 0 MB of wheels)
-COPY requirements/3-application.txt /opt/imagebuild/requirements/3-application.txt
-RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
-    --mount=type=cache,id=imagebuild-uv,target=/root/.cache/uv,sharing=locked \
-    --mount=type=secret,id=ca \
-    set -eu; \
-    if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi; \
-    UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
-      --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/3-application.txt
-
-# Patches, each applied exactly (no fuzz) to the installed files; a hunk that does not apply fails the build.
-COPY imagebuild/apply_patch.py /opt/imagebuild/apply_patch.py
-COPY patches/01-fix.patch /opt/imagebuild/patches/01-fix.patch
-RUN /opt/venv/bin/python -B /opt/imagebuild/apply_patch.py --strip 1 \
-      --package sgl-deep-gemm --sha256 ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff /opt/venv/lib/python3.11/site-packages /opt/imagebuild/patches/01-fix.patch
 
 ENV DG_JIT_CACHE_DIR="/var/cache/deep_gemm"
 
@@ -58,8 +43,7 @@ COPY imagebuild/probe.pyz imagebuild/expect.json imagebuild/lock.json /opt/image
 LABEL "io.imagebuild.base"="imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee" \
     "io.imagebuild.cuda"="13.0" \
     "io.imagebuild.cuda.archs"="sm_120a" \
-    "io.imagebuild.lock.sha256"="231c74e12bad7b31ffdd24735d235944cea5979009748f6c9af7032b90f4dd71" \
-    "io.imagebuild.patches"="sgl-deep-gemm:ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff" \
+    "io.imagebuild.lock.sha256"="db6550dad729adccfa7fd1249b6c41a1451488d5c99d605391d67c91b2ca794f" \
     "io.imagebuild.recipe"="cuda-toolchain" \
     "io.imagebuild.recipe.sha256"="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" \
     "io.imagebuild.template.sha256"="bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" \

@@ -1,0 +1,124 @@
+"""The CI workflow users copy, run for real: its own step scripts, read out of
+.github/workflows/build.yml, run in order in a GitHub-like environment against a docker-registry on
+loopback with TLS from a private CA and a password, on the session's Docker engine. A first run builds,
+smoke-tests and publishes; a fresh runner's run of the same lock reuses it; a release tag's run gives
+the release tag the same digest."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from ruamel.yaml import YAML
+
+from tests import registry_server
+from tests.flows.test_build import _copy_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOW = REPO / ".github" / "workflows" / "build.yml"
+STEPS = ("Registry, credentials and build cache", "Build by lock (smoke-tested before it is tagged or pushed)",
+         "Smoke test the tagged image", "Published")
+USERS = {"ci": "s3cret-pass"}
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+pytestmark = pytest.mark.engine
+
+
+from tests.flows.test_ci_workflow import workflow_steps
+
+
+@pytest.fixture
+def runner(tmp_path, engine, monkeypatch):
+    """A GitHub-like step environment: RUNNER_TEMP, GITHUB_* files, the venv's imagebuild on PATH,
+    a `sudo` that runs its command (we are root), and a docker config of its own."""
+    if os.geteuid() != 0 or shutil.which("jq") is None:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs root and jq (apt-get install -y jq)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sudo = bin_dir / "sudo"
+    sudo.write_text('#!/bin/sh\nexec "$@"\n')
+    sudo.chmod(sudo.stat().st_mode | stat.S_IEXEC)
+    temp = tmp_path / "runner-temp"
+    temp.mkdir()
+    return {"RUNNER_TEMP": str(temp), "GITHUB_OUTPUT": str(temp / "output"),
+            "GITHUB_STEP_SUMMARY": str(temp / "summary.md"), "DOCKER_CONFIG": str(tmp_path / "docker-config"),
+            "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}", "FORK": "false"}
+
+
+@pytest.fixture
+def private_registry(tmp_path):
+    missing = registry_server.missing_tools()
+    if missing:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("registry tests need " + ", ".join(missing))
+    server = registry_server.start_registry(tmp_path / "registry", users=USERS,
+                                            tls=registry_server.make_tls(tmp_path / "tls"))
+    yield server
+    server.stop()
+    shutil.rmtree(f"/etc/docker/certs.d/{server.host}", ignore_errors=True)  # what the workflow put there
+
+
+def run_workflow(env: dict, workdir: Path) -> dict:
+    """The workflow's steps, in order, each in its own `bash -e` as GitHub runs them; build.json back."""
+    steps = workflow_steps()
+    for name in STEPS:
+        step = steps[name]
+        if step.get("if") == "env.IMAGE_REPOSITORY != ''" and not env.get("IMAGE_REPOSITORY"):
+            continue
+        script = workdir / "step.sh"
+        script.write_text(step["run"])
+        done = subprocess.run(["bash", "-e", str(script)], cwd=workdir, capture_output=True, text=True,
+                              env={**os.environ, **step.get("env", {}), **env})
+        assert done.returncode == 0, f"step {name!r} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return json.loads((workdir / "build.json").read_text())
+
+
+def manifest_digest(registry, repository: str, tag: str) -> str:
+    response = requests.head(f"{registry.url}/v2/{repository}/manifests/{tag}", auth=("ci", USERS["ci"]),
+                             headers={"Accept": OCI_MANIFEST}, verify=str(registry.ca), timeout=30)
+    return response.headers.get("Docker-Content-Digest", f"HTTP {response.status_code}")
+
+
+@pytest.mark.slow
+def test_the_workflow_publishes_then_a_fresh_runner_reuses_and_a_release_tag_gets_the_same_digest(
+        engine, runner, private_registry, write_recipe, tmp_path):
+    pid = os.getpid()
+    recipe = _copy_recipe(write_recipe, f"ci-{pid}")
+    repository = f"imagebuild-test/ci-{pid}"
+    env = {**runner, "RECIPE": str(recipe), "IMAGE_REPOSITORY": f"{private_registry.host}/{repository}",
+           "REGISTRY_CA_CERT": private_registry.ca.read_text(),
+           "IMAGEBUILD_REGISTRY_USER": "ci", "IMAGEBUILD_REGISTRY_PASSWORD": USERS["ci"]}
+    workdir = tmp_path / "checkout"
+    workdir.mkdir()
+    built_refs = []
+    try:
+        main = dict(env, GITHUB_REF="refs/heads/main", GITHUB_REF_NAME="main")
+        first = run_workflow(main, workdir)
+        built_refs.append(first["image"])
+        assert first["image"] == f"imagebuild-test/ci-{pid}:branch-main" and first["smoke"]["probe"]["ok"]
+        assert first["registry"]["pushed"] is True
+        assert first["cache"]["to"] == f"{env['IMAGE_REPOSITORY']}:buildcache-branch-main" and first["cache"]["digest"]
+        digest = first["registry"]["digest"]
+        assert manifest_digest(private_registry, repository, "branch-main") == digest
+        summary = Path(runner["GITHUB_STEP_SUMMARY"]).read_text()
+        assert f"{env['IMAGE_REPOSITORY']}:branch-main@{digest}" in summary
+
+        engine.remove(first["image"])  # a fresh runner: nothing of this lock in the engine
+        again = run_workflow(main, workdir)
+        assert again["reused"] is True and again["registry"]["pushed"] is False and again["smoke"] is None
+        assert again["registry"]["digest"] == digest and engine.inspect(first["image"]) is None
+
+        release = run_workflow(dict(env, GITHUB_REF="refs/tags/v1.0.0", GITHUB_REF_NAME="v1.0.0"), workdir)
+        assert release["reused"] is True and manifest_digest(private_registry, repository, "v1.0.0") == digest
+        assert (workdir / "digest.txt").read_text().strip() == digest
+        # The daemon reached the registry with the workflow's CA and login: the CLI config holds the login.
+        assert private_registry.host in json.loads((Path(runner["DOCKER_CONFIG"]) / "config.json").read_text())["auths"]
+    finally:
+        for ref in built_refs:
+            engine.remove(ref)
