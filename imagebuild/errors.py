@@ -52,7 +52,14 @@ class StaleLock(LockError):
 
 
 class ResolveFailed(LockError):
+    """The resolver found no solution; `package` names the distribution it found no release or wheel
+    of, when that is why (adopt leaves such a distribution out and says so)."""
+
     exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, package: str | None = None):
+        self.package = package
+        super().__init__(message)
 
 
 class FindingsFailed(ImagebuildError):

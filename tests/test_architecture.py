@@ -44,7 +44,8 @@ ALLOWED = {
     "lxc": LOW | {"engine", "image"},
     "flows": LOW | {"base", "bootstrap", "engine", "image", "knowledge", "knowledge.rules", "lock", "payload", "recipe",
                     "registry", "render"},
-    "cli": LOW | {"base", "bootstrap", "caches", "engine", "flows", "image", "knowledge", "knowledge.rules", "lock",
+    "adopt": LOW | {"base", "engine", "knowledge", "knowledge.rules", "lock", "payload", "recipe"},
+    "cli": LOW | {"adopt", "base", "bootstrap", "caches", "engine", "flows", "image", "knowledge", "knowledge.rules", "lock",
                   "lxc", "payload", "recipe", "registry", "render"},
 }
 # A module or package that is a stage of its own although it sits inside another stage's package.
@@ -357,6 +358,15 @@ def test_a_stage_importing_above_itself_is_reported(tmp_path):
                             "engine/docker.py": ""})
     assert stage_violations(root, {"recipe": set(), "engine": set()}) == [
         "imagebuild/recipe/model.py:2: recipe imports imagebuild.engine.docker"]
+
+
+def test_adopt_importing_a_flow_or_the_cli_is_reported(tmp_path):
+    """adopt's row: the stages a recipe is made from, never the flows above them or the command line."""
+    root = _tree(tmp_path, {"adopt/run.py": "from imagebuild.lock import resolve\nfrom imagebuild.pipeline import check\n"
+                                            "def f():\n    from imagebuild.cli import app\n",
+                            "lock/resolve.py": "", "pipeline.py": "", "cli/app.py": ""})
+    assert stage_violations(root) == ["imagebuild/adopt/run.py:2: adopt imports imagebuild.pipeline",
+                                      "imagebuild/adopt/run.py:4: adopt imports imagebuild.cli.app"]
 
 
 def test_a_cycle_through_a_lazy_import_is_found(tmp_path):

@@ -29,7 +29,8 @@ from imagebuild.recipe.model import image_ref_problem
 # Command groups that live beside their stage: each module's add_commands(command) adds subparsers
 # whose defaults carry handler=fn(args, out, err) -> exit code.
 EXTENSIONS: tuple[str, ...] = ("imagebuild.cli.publish", "imagebuild.cli.lxc", "imagebuild.cli.repro",
-                               "imagebuild.cli.doctor", "imagebuild.cli.cache", "imagebuild.cli.lockdiff")
+                               "imagebuild.cli.doctor", "imagebuild.cli.cache", "imagebuild.cli.lockdiff",
+                               "imagebuild.cli.adopt")
 
 CORE_COMMANDS = ("check", "lock", "render", "build", "smoke", "patches")
 

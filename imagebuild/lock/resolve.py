@@ -114,6 +114,20 @@ _NO_MATCHING_WHEEL = re.compile(r"Because (\S+?)(?:==(\S+))? has no wheels with 
 _WHITESPACE = re.compile(r"\s+")
 
 
+_UNAVAILABLE = (re.compile(r"there is no version of (\S+?)=="),
+                re.compile(r"Because (\S+?) was not found in the package registry"), _NO_MATCHING_WHEEL)
+
+
+def unavailable_package(uv_stderr: str) -> str | None:
+    """The canonical name of the distribution uv found no such release of, or no wheel of for the
+    target, when that is why the resolve failed; None for any other reason (a conflict)."""
+    text = _WHITESPACE.sub(" ", uv_stderr)
+    for pattern in _UNAVAILABLE:
+        if match := pattern.search(text):
+            return canonicalize_name(match.group(1))
+    return None
+
+
 def missing_wheel(uv_stderr: str) -> str | None:
     """`name version` of the package uv found no wheel for on the target platform, if that is why
     the resolve failed (uv: "Because X==V has no wheels with a matching platform tag")."""
@@ -176,10 +190,10 @@ def parse_pylock(text: str, plan: LayerPlan, source: str = "pylock.toml",
             raise ResolveFailed(
                 f"{name} {version} has no wheel for {target} (only a source distribution): "
                 "imagebuild never compiles packages during a build. Pin a version that ships a wheel, "
-                f"or leave it out with [python].exclude = [\"{name}\"].")
+                f"or leave it out with [python].exclude = [\"{name}\"].", package=name)
         wheel = _best_wheel(files, ranking) if ranking else files[0]
         if wheel is None:
-            raise ResolveFailed(f"{name} {version}: none of its wheels installs on {target}")
+            raise ResolveFailed(f"{name} {version}: none of its wheels installs on {target}", package=name)
         filename = _wheel_filename(wheel)
         sha = (wheel.get("hashes") or {}).get("sha256")
         if not sha:
@@ -202,7 +216,8 @@ def resolve_wheels(recipe: Recipe, base: BaseIdentity) -> tuple[tuple[LockedWhee
             headline = (f"{missing} has no wheel for linux/{base.arch} ({base.uv_platform}): pin a release "
                         f"that ships one, or build this platform without it. " if missing else "")
             raise ResolveFailed(f"{recipe.path}: {headline}uv could not resolve [python] for Python "
-                                f"{base.python} on linux/{base.arch} ({base.uv_platform}):\n{proc.stderr.strip()}")
+                                f"{base.python} on linux/{base.arch} ({base.uv_platform}):\n{proc.stderr.strip()}",
+                                package=unavailable_package(proc.stderr))
         text = (workdir / "pylock.toml").read_text()
     tags = target_tags(base.python, base.glibc, base.arch)
     target = f"linux/{base.arch} ({base.uv_platform})"

@@ -4,7 +4,7 @@
     apply_patch.py  applies a recipe's [[patches]] exactly to installed files
     prune.py        applies a recipe's [[prune]] in the step that installs a distribution
 
-Boundary: everything here imports only the standard library and itself (tests/payload/test_boundary.py
+Boundary: everything here imports only the standard library and itself (tests/test_architecture.py
 walks the imports), runs under any Python >= 3.9, and is the same code `doctor` runs on a host. Host
 code reads the files through the names below; `checksum()` is what the lock records as payload_sha256.
 """

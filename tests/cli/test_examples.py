@@ -40,8 +40,9 @@ def problems(command: str, line: str) -> list[str]:
     except UsageError as err:
         return [str(err)]
     found = [] if args.command == command else [f"parses as {args.command}"]
-    for word in words[2:]:
-        if word.startswith(("recipes/", "lockfiles/")) and not (REPO / word).is_file():
+    for before, word in zip(words[1:], words[2:]):
+        written = before in ("-o", "--output") and command == "adopt"  # the recipe adopt writes is new
+        if word.startswith(("recipes/", "lockfiles/")) and not written and not (REPO / word).is_file():
             found.append(f"{word} is not in the repository")
         if word.startswith("imagebuild/") and word not in recipe_images():
             found.append(f"{word} is no recipe's image")

@@ -20,9 +20,18 @@ Each check is a small function returning a plain dict.
       consumers.py      CUDA toolkits in sight and which one each consumer uses; JIT caches
       findings_cuda.py  findings on toolkits, CUDA homes and CUDA versions
       findings_host.py  findings on driver, interpreter, Triton, GPU arch, FlashInfer, caches
+      findings_kernels.py  findings on prebuilt kernels: deep_gemm's JIT cache, [aot]'s kernels for this GPU
+    gpu_compute.py    tier 4, where a GPU is visible: a small deep_gemm GEMM against a torch reference
+    waste.py          what a site-packages tree cannot use on the target GPU (prune candidates)
+    kernels_aot.py    [aot]: builds the serving shapes' kernels in the image's build step (drives the stack)
+    kernel_cache.py   the kernel cache those builds keep across builds, keyed by what decides their bytes
+    zero_jit.py       check: zero-jit (the prebuilt kernels are there, for the recipe's GPUs, and found)
+    deterministic_pid.c  the C shim [aot]'s compiles run under, so their bytes repeat
+    inventory.py      inventory mode (--inventory): what an environment holds, for `imagebuild adopt`
     bundle.py         the zipapp: deterministic bytes, and the bootstrap that ships it inline
+    __main__.py       `python probe.pyz`: cli.main
 
-The names below are what imagebuild (doctor.py) and the tests use.
+The names below are what imagebuild (flows/doctor.py, knowledge/finding.py) and the tests use.
 """
 
 from .cli import main, run_probe

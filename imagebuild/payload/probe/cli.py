@@ -2,6 +2,7 @@
 
     probe [--expect PATH] [--workdir DIR] [--skip-compile] [--only CHECK ...]
     probe --doctor [--driver-file PATH]
+    probe --inventory [--driver-file PATH]   (what the environment holds, for `imagebuild adopt`)
     probe --waste ARCH [--site DIR]      (prune candidates for GPU arch ARCH, e.g. 120)
 
 prints one JSON report and exits 0 when no check failed, 1 when one did, and 2 when the expect file
@@ -19,6 +20,7 @@ from .doctor import run_doctor
 from .expect import NO_EXPECTATIONS, load_expect
 from .gpu_compute import check_gpu_compute
 from .gpus import DRIVER_VERSION_FILE
+from .inventory import run_inventory
 from .report import FAIL, make_check, make_report
 from .system import installed_distributions, parallelism
 from .stack import check_flashinfer_dynamo, check_gpu, check_imports, check_torch_cuda, gpu_visible
@@ -90,6 +92,8 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--jobs", type=int, help="processes at once (default: the CPUs here; 1: one check at a time)")
     parser.add_argument("--doctor", action="store_true", help="diagnose driver, CUDA toolkits, interpreter and "
                         "the ML stack as they are, without an expect file")
+    parser.add_argument("--inventory", action="store_true", help="list what this environment holds (distributions, "
+                        "where each came from, files changed since install, torch's CUDA, GPUs) for imagebuild adopt")
     parser.add_argument("--driver-file", default=DRIVER_VERSION_FILE,
                         help=f"the kernel module's version file (default {DRIVER_VERSION_FILE})")
     parser.add_argument("--waste", type=int, metavar="ARCH",
@@ -103,6 +107,13 @@ def main(argv: list | None = None) -> int:
         print(json.dumps({"site": site, "arch": args.waste, "candidates": candidates,
                           "bytes": sum(c["bytes"] for c in candidates)}, indent=2, sort_keys=True))
         return 0
+    if args.inventory:
+        try:
+            report = run_inventory(args.driver_file, args.jobs if args.jobs and args.jobs > 0 else None)
+        except Exception as error:  # still one report: what stopped the probe, never a bare traceback
+            report = {"mode": "inventory", "format": 1, "error": f"{type(error).__name__}: {error}"}
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0 if "error" not in report else 1
     if args.doctor:
         report = run_doctor(args.driver_file)
         print(json.dumps(report, indent=2, sort_keys=True))

@@ -3,7 +3,7 @@
 Facts come from reading files and running small tools (nvidia-smi, nvcc/ptxas --version); no ML
 package is imported, so a full SGLang stack answers in about a second. Rules that need
 imagebuild/knowledge/compat.toml (the driver's newest CUDA, glibc vs nvcc, GPU arch vs nvcc) run
-host-side in imagebuild/doctor.py over report["facts"]; everything here needs only these facts.
+host-side in imagebuild/flows/doctor.py over report["facts"]; everything here needs only these facts.
 The findings leave as make_finding dicts (report.py), the wire form imagebuild/knowledge/finding.py
 reads with from_probe.
 """

@@ -16,7 +16,7 @@ did not change compiles nothing even when a layer below rebuilt. Entries are wri
 folder and renamed; a hit refreshes its mtime, and `trim` drops the least recently used entries past
 the bound (IMAGEBUILD_KERNEL_CACHE_BYTES, 8 GiB by default). A fresh runner's engine has an empty mount:
 `python kernel_cache.py seed FOLDER ROOT` adds the entries of a folder in the same layout (the kernel layer of
-a registry build cache, imagebuild/publish/kernel_layer.py) that ROOT lacks. Standard library only.
+a registry build cache, imagebuild/flows/kernel_layer.py) that ROOT lacks. Standard library only.
 """
 
 from __future__ import annotations

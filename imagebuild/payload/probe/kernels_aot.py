@@ -501,7 +501,7 @@ def main(argv: list) -> int:
         manifest, stats = build(_read(argv[1]), argv[2])
         for artifact in manifest["artifacts"]:
             print(f"{artifact['kind']:10} {artifact['bytes']:>10} sass={artifact['sass']} {artifact['name']}")
-        print(STATS_MARK + json.dumps(stats, sort_keys=True))  # read by the pipeline from the build's output
+        print(STATS_MARK + json.dumps(stats, sort_keys=True))  # read by flows/kernels.py from the build's output
         return 0
     if len(argv) == 3 and argv[0] == "prove":
         print(json.dumps(prove(_read(argv[1]), _read(argv[2]))))
