@@ -23,7 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from registry_server import start_registry
 
-from imagebuild.publish import push_source, registry
+from imagebuild.image.layout import read_layout
+from imagebuild.image.oci import MEDIA_MANIFEST
+from imagebuild.registry import registry
 
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -81,12 +83,12 @@ def make_layout(root: Path, sizes_mb: list[int], changed_seed: str) -> Path:
                          "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in layers]}},
                         sort_keys=True).encode()
     config_digest, config_size = _blob(root, config)
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": push_source.OCI_MANIFEST,
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": MEDIA_MANIFEST,
                            "config": {"mediaType": OCI_CONFIG, "digest": config_digest,
                                       "size": config_size}, "layers": layers}).encode()
     digest, size = _blob(root, manifest)
     (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": push_source.OCI_MANIFEST, "digest": digest, "size": size}]}))
+        {"mediaType": MEDIA_MANIFEST, "digest": digest, "size": size}]}))
     return root
 
 
@@ -109,9 +111,9 @@ def main() -> int:
         print(f"writing layouts: layers of {sizes} MB ...", file=sys.stderr)
         v1 = make_layout(tmp / "v1", sizes, "first")
         v2 = make_layout(tmp / "v2", sizes, "second")
-        total = sum(b.size for b in push_source.read_layout(v1).blobs)
-        old = {b.digest for b in push_source.read_layout(v1).blobs}
-        changed = sum(b.size for b in push_source.read_layout(v2).blobs if b.digest not in old)
+        total = sum(b.size for b in read_layout(v1).image.blobs)
+        old = {b.digest for b in read_layout(v1).image.blobs}
+        changed = sum(b.size for b in read_layout(v2).image.blobs if b.digest not in old)
         ours, theirs = start_registry(tmp / "ours"), start_registry(tmp / "theirs")
         try:
             rows = []

@@ -5,7 +5,8 @@
 - each stage imports only the stages below it (ALLOWED); nothing outside cli/ imports cli/;
 - no import cycle between modules, nor between stages;
 - only render/ (paths.py) and payload/ write an in-image path (/opt/imagebuild/...).
-- (test_architecture_names.py) no module imports another's underscore names, and one Finding type.
+- (test_architecture_names.py) no module imports another's underscore names, and one Finding type;
+- (test_architecture_targets.py) the two publish targets, registry/ and lxc/, do not import each other.
 
 Every import counts, those inside functions included: a lazy import is still a dependency.
 """
@@ -39,12 +40,13 @@ ALLOWED = {
     "lock": LOW | {"base", "knowledge", "payload", "recipe"},
     "render": LOW | {"lock", "payload", "recipe"},
     "image": LOW | {"engine", "lock", "render"},
-    "publish": LOW | {"engine", "image"},
-    "flows": LOW | {"base", "bootstrap", "engine", "image", "knowledge", "knowledge.rules", "lock", "payload", "publish",
-                    "recipe", "render"},
+    "registry": LOW | {"image"},
+    "lxc": LOW | {"engine", "image"},
+    "flows": LOW | {"base", "bootstrap", "engine", "image", "knowledge", "knowledge.rules", "lock", "payload", "recipe",
+                    "registry", "render"},
     "adopt": LOW | {"base", "engine", "knowledge", "knowledge.rules", "lock", "payload", "recipe"},
     "cli": LOW | {"adopt", "base", "bootstrap", "caches", "engine", "flows", "image", "knowledge", "knowledge.rules", "lock",
-                  "payload", "publish", "recipe", "render"},
+                  "lxc", "payload", "recipe", "registry", "render"},
 }
 # A module or package that is a stage of its own although it sits inside another stage's package.
 SUBSTAGES = {"knowledge.rules"}
@@ -280,7 +282,7 @@ def test_recipe_and_knowledge_import_no_engine_registry_or_cli_code():
     graph = stage_graph()
     assert {"knowledge", "knowledge.rules"} <= set(graph)  # both layers were read: absent ones would pass
     for stage in ("recipe", "knowledge", "knowledge.rules"):
-        assert not graph.get(stage, set()) & {"engine", "publish", "image", "cli", "flows", "bootstrap"}, stage
+        assert not graph.get(stage, set()) & {"engine", "registry", "lxc", "image", "cli", "flows", "bootstrap"}, stage
 
 
 def test_nothing_outside_engine_names_an_engine():

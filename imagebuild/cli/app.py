@@ -37,7 +37,7 @@ CORE_COMMANDS = ("check", "lock", "render", "build", "smoke", "patches")
 
 def registry_ref(text: str) -> str:
     """--cache-from/--cache-to HOST[:PORT]/REPO[:TAG]: a registry host is never guessed."""
-    from imagebuild.publish.push_source import parse_reference
+    from imagebuild.registry.push_source import parse_reference
     try:
         parse_reference(text)
     except ImagebuildError as error:

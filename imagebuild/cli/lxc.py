@@ -1,4 +1,4 @@
-"""`imagebuild export-lxc` and `imagebuild lxc-config`: a thin layer over imagebuild.publish.lxc and lxc_gpu.
+"""`imagebuild export-lxc` and `imagebuild lxc-config`: a thin layer over imagebuild.lxc.lxc and lxc_gpu.
 
 cli.py's extension hook calls add_commands(command); each handler is fn(args, out, err) -> exit code.
 """
@@ -15,7 +15,7 @@ from rich.console import Console
 
 from imagebuild.cli.output import line
 from imagebuild.errors import EXIT_OK
-from imagebuild.publish import lxc, lxc_gpu
+from imagebuild.lxc import lxc, lxc_gpu
 
 
 def add_commands(command) -> None:

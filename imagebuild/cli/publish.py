@@ -1,4 +1,4 @@
-"""`imagebuild push`: the publish stage's command, a thin layer over imagebuild.publish.registry.push."""
+"""`imagebuild push`: the publish stage's command, a thin layer over imagebuild.registry.registry.push."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from imagebuild.errors import EXIT_OK, ImagebuildError
 from imagebuild.flows.built import record_push
 from imagebuild.flows import lock_built
 from imagebuild.flows.by_lock import lock_tag
-from imagebuild.publish.push_source import export_engine_image, parse_reference
-from imagebuild.publish.registry import DEFAULT_CHUNK, push
+from imagebuild.registry.push_source import export_engine_image, parse_reference
+from imagebuild.registry.registry import DEFAULT_CHUNK, push
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 

@@ -15,6 +15,7 @@ from imagebuild.cli.output import line
 from imagebuild.engine import default_engine
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, ImagebuildError
 from imagebuild.image import export, index, oci, sbom, verify
+from imagebuild.image.layout import read_image
 from imagebuild.lock import Lock, parse_lock, read_lock
 from imagebuild.render import paths
 
@@ -99,7 +100,7 @@ def sbom_path_for(layout: Path) -> Path:
 def layout_sbom(engine, layout_dir: Path, image: str, explicit_lock: Path | None,
                 manifest_digest: str) -> dict:
     """The SBOM of the one image in a layout just exported from `image`."""
-    layout = oci.read_layout(layout_dir)
+    layout = read_image(layout_dir)
     lock = image_lock(engine, f"oci:{layout_dir}", explicit_lock)
     name, tag = _name_and_tag(verify.ImageFiles(layout.config, {}, {}).labels, image)
     return sbom.build_sbom(lock, image_name=name, image_tag=tag, manifest_digest=manifest_digest,
@@ -196,7 +197,7 @@ def sbom_command(args, out: Console, err: Console) -> int:
         layout_dir = Path(args.image.removeprefix("oci:")) if verify.is_layout(args.image) else None
         digest = None
         if layout_dir is not None:
-            layout = oci.read_layout(layout_dir)
+            layout = read_image(layout_dir)
             digest, labels = layout.manifest_digest, verify.ImageFiles(layout.config, {}, {}).labels
         else:
             info = engine.inspect(args.image)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from imagebuild.common import Progress, quiet
 from imagebuild.engine.contract import BuildCache
-from imagebuild.publish.registry import push_engine_image
+from imagebuild.registry.registry import push_engine_image
 
 
 def push_build_cache(engine, image: str, cache: BuildCache, progress: Progress = quiet) -> str:

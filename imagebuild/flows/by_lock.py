@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from imagebuild.common import Progress, quiet
-from imagebuild.image.oci import MEDIA_INDEX, MEDIA_MANIFEST
-from imagebuild.publish.push_source import DOCKER_LIST, DOCKER_MANIFEST, Reference, parse_reference
-from imagebuild.publish.registry import push_engine_image
-from imagebuild.publish.registry_auth import RegistryError
-from imagebuild.publish.registry_client import RegistryClient, describe
+from imagebuild.image.oci import DOCKER_LIST, DOCKER_MANIFEST, MEDIA_INDEX, MEDIA_MANIFEST
+from imagebuild.registry.push_source import Reference, parse_reference
+from imagebuild.registry.registry import push_engine_image
+from imagebuild.registry.auth import RegistryError
+from imagebuild.registry.client import RegistryClient, describe
 
 ACCEPT = ", ".join((MEDIA_MANIFEST, MEDIA_INDEX, DOCKER_MANIFEST, DOCKER_LIST))
 

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from imagebuild.common import Progress, quiet, write_atomic
 from imagebuild.errors import ImagebuildError
-from imagebuild.image.oci import MEDIA_INDEX, MEDIA_MANIFEST
-from imagebuild.publish.push_source import DOCKER_LIST, DOCKER_MANIFEST, parse_reference
-from imagebuild.publish.registry_auth import RegistryError
-from imagebuild.publish.registry_client import RegistryClient, describe
+from imagebuild.image.oci import DOCKER_LIST, DOCKER_MANIFEST, MEDIA_INDEX, MEDIA_MANIFEST
+from imagebuild.registry.push_source import parse_reference
+from imagebuild.registry.auth import RegistryError
+from imagebuild.registry.client import RegistryClient, describe
 
 ACCEPT = ", ".join((MEDIA_MANIFEST, DOCKER_MANIFEST, MEDIA_INDEX, DOCKER_LIST))
 LAYER_LIMIT = 1 << 30  # a kernel layer larger than this is not read (the flagship's is about 11 MB)

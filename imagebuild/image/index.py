@@ -6,7 +6,8 @@ part of the staged layout, its SBOM attached there; the parts' blobs are then po
 index names each platform's manifest with its `platform` (os, architecture, variant when the config
 has one), sorted by platform, so the same images always give the same index digest. index.json
 names the index (with the ref name) and, beside it, each platform's SBOM artifact (whose subject is
-that platform's manifest), as the single-image layout lists its SBOM beside its manifest.
+that platform's manifest), as the single-image layout lists its SBOM beside its manifest. Read back
+by read_index_layout, through layout.py's reader.
 """
 
 from __future__ import annotations
@@ -23,38 +24,12 @@ from imagebuild.common import REPRO_EPOCH
 from imagebuild.errors import ImagebuildError
 from imagebuild.image import oci, sbom
 from imagebuild.image.export import LayerCache, LayoutResult, export_layout, ref_name_of, staged_dir
-from imagebuild.image.oci import MEDIA_INDEX, MEDIA_MANIFEST, REF_NAME, Descriptor, LayoutError
+from imagebuild.image.layout import read_image, read_layout
+from imagebuild.image.oci import MEDIA_INDEX, MEDIA_MANIFEST, REF_NAME, Descriptor, LayoutError, Platform
 
 
 class DuplicatePlatform(ImagebuildError):
     """Two images for one platform: an index holds one manifest per platform."""
-
-
-@dataclass(frozen=True, order=True)
-class Platform:
-    os: str
-    architecture: str
-    variant: str = ""
-
-    def __str__(self) -> str:
-        return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
-
-    @property
-    def slug(self) -> str:
-        """`linux-arm64-v8`: a platform in a file name."""
-        return str(self).replace("/", "-")
-
-    def to_dict(self) -> dict:
-        out = {"architecture": self.architecture, "os": self.os}
-        if self.variant:
-            out["variant"] = self.variant
-        return out
-
-    @classmethod
-    def parse(cls, text: str) -> Platform:
-        """`linux/arm64[/v8]`, as engine.contract.config_platform writes it."""
-        parts = text.split("/")
-        return cls(parts[0], parts[1] if len(parts) > 1 else "", "/".join(parts[2:]))
 
 
 @dataclass(frozen=True)
@@ -145,7 +120,7 @@ def export_index(engine, images: list[str], out_dir: Path, *, ref_name: str | No
         for n, (image, platform) in enumerate(sorted(platforms.items(), key=lambda item: item[1])):
             part = parts / str(n)
             result = export_layout(engine, image, part, epoch=epoch, ref_name=ref_name, cache=cache)
-            written = oci.read_layout(part)
+            written = read_image(part)
             config = written.config
             saved = Platform(config["os"], config["architecture"], config.get("variant", ""))
             if saved != platform:  # what the engine's inspect said, and what its saved config says
@@ -180,60 +155,18 @@ def _pool_blobs(part: Path, staging: Path) -> None:
 
 # ---------------------------------------------------------------- reading
 
-def parse_platform(value, where: str) -> Platform:
-    if not isinstance(value, dict):
-        raise LayoutError(f"{where}: expected a platform object")
-    os_name, architecture, variant = value.get("os"), value.get("architecture"), value.get("variant", "")
-    if not isinstance(os_name, str) or not os_name or not isinstance(architecture, str) or not architecture:
-        raise LayoutError(f"{where}: expected os and architecture as text")
-    if not isinstance(variant, str):
-        raise LayoutError(f"{where}.variant: expected text")
-    return Platform(os_name, architecture, variant)
-
-
-def parse_image_index(data: bytes, where: str) -> tuple[tuple[Descriptor, Platform], ...]:
-    """An image index -> its (image manifest, platform) entries, each checked."""
-    body = oci.load_json(data, where)
-    if not isinstance(body, dict) or body.get("schemaVersion") != 2:
-        raise LayoutError(f"{where}: expected an image index with schemaVersion 2")
-    if body.get("mediaType", MEDIA_INDEX) != MEDIA_INDEX:
-        raise LayoutError(f"{where}: media type {body.get('mediaType')!r} is not {MEDIA_INDEX}")
-    entries = body.get("manifests")
-    if not isinstance(entries, list):
-        raise LayoutError(f"{where}.manifests: expected a list")
-    out = []
-    for i, entry in enumerate(entries):
-        desc = oci.parse_descriptor(entry, f"{where}.manifests[{i}]")
-        if desc.media_type != MEDIA_MANIFEST:
-            raise LayoutError(f"{where}.manifests[{i}]: {desc.media_type!r} is not an image manifest")
-        out.append((desc, parse_platform(entry.get("platform"), f"{where}.manifests[{i}].platform")))
-    return tuple(out)
-
-
 def read_index_layout(layout: Path, ref_name: str | None = None) -> IndexLayout:
-    """Read and check an index layout: the index, each platform's manifest, and their SBOM artifacts."""
-    layout = Path(layout)
-    try:
-        marker = oci.load_json((layout / "oci-layout").read_bytes(), f"{layout}/oci-layout")
-        entries = oci.parse_index((layout / "index.json").read_bytes(), f"{layout}/index.json")
-    except OSError:
-        raise LayoutError(f"{layout} is not an OCI image layout (no oci-layout and index.json)") from None
-    if not isinstance(marker, dict) or not isinstance(marker.get("imageLayoutVersion"), str):
-        raise LayoutError(f"{layout}/oci-layout: expected {{\"imageLayoutVersion\": ...}}")
-    indexes = [d for d in entries if d.media_type == MEDIA_INDEX
-               and (ref_name is None or d.annotations.get(REF_NAME) == ref_name)]
-    if len(indexes) != 1:
-        wanted = f" named {ref_name!r}" if ref_name else ""
-        raise LayoutError(f"{layout}/index.json: expected one image index{wanted}, found {len(indexes)}")
-    platforms = parse_image_index(oci.read_blob(layout, indexes[0]), indexes[0].digest)
-    artifacts: dict[str, Descriptor] = {}
-    for desc in entries:
-        if desc.media_type == MEDIA_MANIFEST and desc.artifact_type == sbom.MEDIA_CYCLONEDX:
-            _, _, subject = oci.parse_manifest(oci.read_blob(layout, desc), desc.digest)
-            if subject is not None:
-                artifacts[subject.digest] = desc
+    """An index layout read back (image/layout.py reads and checks it): the image index, each
+    platform's manifest and its SBOM artifact."""
+    contents = read_layout(layout, ref_name)
+    top = contents.image
+    if top.media_type != MEDIA_INDEX:
+        raise LayoutError(f"{contents.path}/index.json: {top.digest} is {top.media_type}, not an OCI image index")
     found = []
-    for desc, platform in platforms:
-        oci.parse_manifest(oci.read_blob(layout, desc), desc.digest)
-        found.append(PlatformImage(platform, desc, artifacts.get(desc.digest)))
-    return IndexLayout(layout, indexes[0], tuple(found))
+    for n, child in enumerate(top.children):
+        if child.media_type != MEDIA_MANIFEST or child.platform is None:
+            raise LayoutError(f"{oci.blob_path(contents.path, top.digest)}.manifests[{n}]: expected an image "
+                              f"manifest with its platform")
+        sboms = [r.descriptor for r in child.referrers if r.artifact_type == sbom.MEDIA_CYCLONEDX]
+        found.append(PlatformImage(child.platform, child.descriptor, sboms[-1] if sboms else None))
+    return IndexLayout(contents.path, top.descriptor, tuple(found))

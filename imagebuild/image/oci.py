@@ -1,26 +1,23 @@
-"""The OCI image layout: media types, descriptors, index and manifest, blobs written and read back.
+"""The OCI image format: media types, descriptors and platforms, the JSON of index.json, of an image
+manifest and of an image index parsed and checked, blobs written and read back by digest.
 
-Writing a layout from an engine image is export.py; this module is the format both sides share
-(export, verify, diff, SBOM, push, the LXC OCI archive). Everything is validated as it is read: a
-layout from elsewhere is outside input, so anything off is one LayoutError naming the file.
+Writing a layout from an engine image is export.py and reading one back is layout.py; this module is
+the format both sides share (export, the layout reader, SBOM, push, the LXC OCI archive). Everything
+is validated as it is read: JSON from elsewhere is outside input, so anything off is one LayoutError
+naming the file and what is wrong.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gzip
 import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Iterator
 
 from imagebuild.common import REPRO_EPOCH, write_atomic
 from imagebuild.errors import ImagebuildError
 
-# The lock's epoch: the one the Debian bases are bootstrapped with, the same for every lock, so a
-# layer shared by two recipes (same base, same wheels) keeps one digest in a registry.
 LAYOUT_VERSION = "1.0.0"
 MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -28,6 +25,11 @@ MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
 MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 MEDIA_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 MEDIA_EMPTY = "application/vnd.oci.empty.v1+json"
+# Docker's own manifest formats: the same shapes, found in layouts other tools wrote and in registries.
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+MANIFEST_TYPES = (MEDIA_MANIFEST, DOCKER_MANIFEST)
+INDEX_TYPES = (MEDIA_INDEX, DOCKER_LIST)
 REF_NAME = "org.opencontainers.image.ref.name"
 # The config keys that decide how a container runs; the rest of Docker's config is build noise.
 CONFIG_KEYS = ("User", "ExposedPorts", "Env", "Entrypoint", "Cmd", "Volumes", "WorkingDir", "Labels",
@@ -51,6 +53,7 @@ class Descriptor:
     size: int
     annotations: dict[str, str] = field(default_factory=dict)
     artifact_type: str | None = None
+    urls: tuple[str, ...] = ()  # a foreign layer's: it lives there, not in the layout
 
     def to_dict(self) -> dict:
         out = {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
@@ -58,10 +61,40 @@ class Descriptor:
             out["artifactType"] = self.artifact_type
         if self.annotations:
             out["annotations"] = dict(sorted(self.annotations.items()))
+        if self.urls:
+            out["urls"] = list(self.urls)
         return out
 
 
-# ---------------------------------------------------------------- config and layout
+@dataclass(frozen=True, order=True)
+class Platform:
+    """An image index entry's platform; `linux/arm64/v8` as text."""
+    os: str
+    architecture: str
+    variant: str = ""
+
+    def __str__(self) -> str:
+        return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
+
+    @property
+    def slug(self) -> str:
+        """`linux-arm64-v8`: a platform in a file name."""
+        return str(self).replace("/", "-")
+
+    def to_dict(self) -> dict:
+        out = {"architecture": self.architecture, "os": self.os}
+        if self.variant:
+            out["variant"] = self.variant
+        return out
+
+    @classmethod
+    def parse(cls, text: str) -> Platform:
+        """`linux/arm64[/v8]`, as engine.contract.config_platform writes it."""
+        parts = text.split("/")
+        return cls(parts[0], parts[1] if len(parts) > 1 else "", "/".join(parts[2:]))
+
+
+# ---------------------------------------------------------------- writing
 
 def canonical_json(data) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
@@ -87,37 +120,22 @@ def write_index(layout: Path, manifests: list[Descriptor]) -> None:
     write_atomic(Path(layout) / "oci-layout", canonical_json({"imageLayoutVersion": LAYOUT_VERSION}))
 
 
-# ---------------------------------------------------------------- reading a layout
-
-@dataclass(frozen=True)
-class Layout:
-    path: Path
-    manifests: tuple[Descriptor, ...]  # index.json's entries
-    manifest: Descriptor  # the image manifest chosen
-    config: dict
-    layers: tuple[Descriptor, ...]
-    referrers: tuple[Descriptor, ...]  # entries whose manifest names the image as its subject
-
-    @property
-    def manifest_digest(self) -> str:
-        return self.manifest.digest
-
-    @property
-    def diff_ids(self) -> tuple[str, ...]:
-        return tuple(self.config["rootfs"]["diff_ids"])
-
-    def blob(self, digest: str) -> Path:
-        return blob_path(self.path, digest)
-
+# ---------------------------------------------------------------- reading the format
 
 def blob_path(layout: Path, digest: str) -> Path:
     algorithm, _, hexdigest = digest.partition(":")
     return Path(layout) / "blobs" / algorithm / hexdigest
 
 
-def _is_digest(value) -> bool:
-    return (isinstance(value, str) and value.startswith("sha256:") and len(value) == 71
-            and all(c in "0123456789abcdef" for c in value[7:]))
+_HEX_LENGTH = {"sha256": 64, "sha512": 128}
+
+
+def is_digest(value) -> bool:
+    if not isinstance(value, str):
+        return False
+    algorithm, _, hexdigest = value.partition(":")
+    return (len(hexdigest) == _HEX_LENGTH.get(algorithm, -1)
+            and all(c in "0123456789abcdef" for c in hexdigest))
 
 
 def parse_descriptor(value, where: str) -> Descriptor:
@@ -126,19 +144,36 @@ def parse_descriptor(value, where: str) -> Descriptor:
     media, digest, size = value.get("mediaType"), value.get("digest"), value.get("size")
     if not isinstance(media, str) or not media:
         raise LayoutError(f"{where}.mediaType: expected a media type")
-    if not _is_digest(digest):
-        raise LayoutError(f"{where}.digest: expected sha256:<64 lowercase hex>, got {digest!r}")
+    if not is_digest(digest):
+        raise LayoutError(f"{where}.digest: expected sha256:<64 lowercase hex> (or sha512:<128>), "
+                          f"got {digest!r:.200}")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise LayoutError(f"{where}.size: expected a whole number ≥ 0")
     annotations = value.get("annotations") or {}
     if not isinstance(annotations, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
         raise LayoutError(f"{where}.annotations: expected string -> string")
+    urls = value.get("urls") or []
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        raise LayoutError(f"{where}.urls: expected a list of URLs")
     artifact = value.get("artifactType")
-    return Descriptor(media, digest, size, dict(annotations), artifact if isinstance(artifact, str) else None)
+    return Descriptor(media, digest, size, dict(annotations), artifact if isinstance(artifact, str) else None,
+                      tuple(urls))
+
+
+def parse_platform(value, where: str) -> Platform:
+    if not isinstance(value, dict):
+        raise LayoutError(f"{where}: expected a platform object")
+    os_name, architecture, variant = value.get("os"), value.get("architecture"), value.get("variant", "")
+    if not isinstance(os_name, str) or not os_name or not isinstance(architecture, str) or not architecture:
+        raise LayoutError(f"{where}: expected os and architecture as text")
+    if not isinstance(variant, str):
+        raise LayoutError(f"{where}.variant: expected text")
+    return Platform(os_name, architecture, variant)
 
 
 def parse_index(data: bytes, where: str = "index.json") -> tuple[Descriptor, ...]:
+    """index.json -> its entries."""
     index = load_json(data, where)
     if not isinstance(index, dict) or index.get("schemaVersion") != 2:
         raise LayoutError(f"{where}: expected an object with schemaVersion 2")
@@ -148,11 +183,20 @@ def parse_index(data: bytes, where: str = "index.json") -> tuple[Descriptor, ...
     return tuple(parse_descriptor(m, f"{where}.manifests[{i}]") for i, m in enumerate(manifests))
 
 
-def parse_manifest(data: bytes, where: str) -> tuple[Descriptor, tuple[Descriptor, ...], Descriptor | None]:
-    """An image manifest -> (config, layers, subject)."""
-    manifest = load_json(data, where)
-    if not isinstance(manifest, dict) or manifest.get("schemaVersion") != 2:
-        raise LayoutError(f"{where}: expected a manifest object with schemaVersion 2")
+def _body(data: bytes, where: str, what: str, media_type: str | None) -> dict:
+    body = load_json(data, where)
+    if not isinstance(body, dict) or body.get("schemaVersion") != 2:
+        raise LayoutError(f"{where}: expected {what} object with schemaVersion 2")
+    if media_type is not None and body.get("mediaType", media_type) != media_type:
+        raise LayoutError(f"{where}.mediaType: {body.get('mediaType')!r:.100} is not {media_type}, "
+                          f"the media type its descriptor gives")
+    return body
+
+
+def parse_manifest(data: bytes, where: str, media_type: str | None = None
+                   ) -> tuple[Descriptor, tuple[Descriptor, ...], Descriptor | None]:
+    """An image manifest -> (config, layers, subject); media_type: the one its descriptor gives."""
+    manifest = _body(data, where, "a manifest", media_type)
     layers = manifest.get("layers")
     if not isinstance(layers, list):
         raise LayoutError(f"{where}.layers: expected a list")
@@ -162,70 +206,39 @@ def parse_manifest(data: bytes, where: str) -> tuple[Descriptor, tuple[Descripto
             parse_descriptor(subject, f"{where}.subject") if subject is not None else None)
 
 
-def read_blob(layout: Path, desc: Descriptor, limit: int = JSON_LIMIT) -> bytes:
-    """A small blob, checked against its descriptor's size and digest."""
+def parse_image_index(data: bytes, where: str, media_type: str | None = MEDIA_INDEX
+                      ) -> tuple[tuple[Descriptor, Platform | None], ...]:
+    """An image index (or Docker's manifest list) -> its entries, each with the platform it names."""
+    body = _body(data, where, "an image index", media_type)
+    entries = body.get("manifests")
+    if not isinstance(entries, list):
+        raise LayoutError(f"{where}.manifests: expected a list")
+    out = []
+    for i, entry in enumerate(entries):
+        desc = parse_descriptor(entry, f"{where}.manifests[{i}]")
+        platform = entry.get("platform")
+        out.append((desc, None if platform is None else parse_platform(platform, f"{where}.manifests[{i}].platform")))
+    return tuple(out)
+
+
+def read_blob(layout: Path, desc: Descriptor, limit: int = JSON_LIMIT, where: str | None = None) -> bytes:
+    """A small blob, checked against its descriptor's size and digest; `where` names who names it."""
+    where = where or str(layout)
     if desc.size > limit:
-        raise LayoutError(f"{desc.digest}: {desc.size} bytes is too large to read as JSON")
+        raise LayoutError(f"{where}: blob {desc.digest} is {desc.size} bytes, too large to read as JSON")
     path = blob_path(layout, desc.digest)
     try:
         data = path.read_bytes()
     except OSError:
-        raise LayoutError(f"{layout}: blob {desc.digest} is missing") from None
-    if len(data) != desc.size or "sha256:" + hashlib.sha256(data).hexdigest() != desc.digest:
-        raise LayoutError(f"{layout}: blob {desc.digest} does not match its digest or size")
+        raise LayoutError(f"{where}: blob {desc.digest} is missing from the layout ({path})") from None
+    if len(data) != desc.size:
+        raise LayoutError(f"{where}: blob {desc.digest} is {len(data)} bytes, its descriptor says {desc.size}")
+    algorithm, _, expected = desc.digest.partition(":")
+    found = hashlib.new(algorithm, data).hexdigest()
+    if found != expected:
+        raise LayoutError(f"{where}: blob {desc.digest} does not match its digest (its bytes hash to "
+                          f"{algorithm}:{found})")
     return data
-
-
-def read_layout(layout: Path, ref_name: str | None = None) -> Layout:
-    """Read and check an OCI layout's index, image manifest and config (layer blobs: present, sized)."""
-    layout = Path(layout)
-    marker = load_json(_read(layout / "oci-layout"), f"{layout}/oci-layout")
-    if not isinstance(marker, dict) or not isinstance(marker.get("imageLayoutVersion"), str):
-        raise LayoutError(f"{layout}/oci-layout: expected {{\"imageLayoutVersion\": ...}}")
-    manifests = parse_index(_read(layout / "index.json"), f"{layout}/index.json")
-    images = [d for d in manifests if d.media_type == MEDIA_MANIFEST and not d.artifact_type
-              and (ref_name is None or d.annotations.get(REF_NAME) == ref_name)]
-    if len(images) != 1:
-        wanted = f" named {ref_name!r}" if ref_name else ""
-        raise LayoutError(f"{layout}/index.json: expected one image manifest{wanted}, found {len(images)}")
-    chosen = images[0]
-    config_desc, layers, _ = parse_manifest(read_blob(layout, chosen), chosen.digest)
-    config = load_json(read_blob(layout, config_desc), config_desc.digest)
-    rootfs = config.get("rootfs") if isinstance(config, dict) else None
-    diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
-    if (not isinstance(diff_ids, list) or len(diff_ids) != len(layers)
-            or not all(_is_digest(d) for d in diff_ids)):
-        raise LayoutError(f"{config_desc.digest}: rootfs.diff_ids must list one sha256 per layer")
-    for layer in layers:
-        path = blob_path(layout, layer.digest)
-        if not path.is_file() or path.stat().st_size != layer.size:
-            raise LayoutError(f"{layout}: layer blob {layer.digest} is missing or has the wrong size")
-    referrers = []
-    for desc in manifests:
-        if desc is chosen or desc.media_type != MEDIA_MANIFEST:
-            continue
-        _, _, subject = parse_manifest(read_blob(layout, desc), desc.digest)
-        if subject is not None and subject.digest == chosen.digest:
-            referrers.append(desc)
-    return Layout(layout, manifests, chosen, config, layers, tuple(referrers))
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError:
-        raise LayoutError(f"{path} is missing: not an OCI image layout") from None
-
-
-@contextlib.contextmanager
-def layer_stream(layout: Layout, desc: Descriptor) -> Iterator[IO[bytes]]:
-    """A layer blob of a layout as an uncompressed tar stream."""
-    with open(layout.blob(desc.digest), "rb") as handle:
-        if desc.media_type.endswith("+gzip"):
-            with gzip.GzipFile(fileobj=handle, mode="rb") as plain:
-                yield plain
-        else:
-            yield handle
 
 
 def load_json(data: bytes | None, name: str):

@@ -21,6 +21,7 @@ from imagebuild import __version__
 from imagebuild.common import write_atomic
 from imagebuild.errors import ImagebuildError
 from imagebuild.image import oci
+from imagebuild.image.layout import read_image
 from imagebuild.lock import Lock
 from imagebuild.render import AOT_MANIFEST
 
@@ -192,7 +193,7 @@ def attach_sbom(layout_dir: Path, document: dict, *, epoch: int = oci.REPRO_EPOC
 
     A previous SBOM artifact for the same image is replaced; index.json is rewritten atomically."""
     layout_dir = Path(layout_dir)
-    layout = oci.read_layout(layout_dir)
+    layout = read_image(layout_dir)
     data = sbom_bytes(document)
     sbom = oci.Descriptor(MEDIA_CYCLONEDX, oci.write_blob(layout_dir, data), len(data))
     empty = oci.Descriptor(oci.MEDIA_EMPTY, oci.write_blob(layout_dir, b"{}"), 2)
@@ -213,10 +214,9 @@ def attach_sbom(layout_dir: Path, document: dict, *, epoch: int = oci.REPRO_EPOC
 
 def read_attached(layout_dir: Path) -> dict | None:
     """The SBOM attached to a layout's image, or None."""
-    layout = oci.read_layout(Path(layout_dir))
-    for desc in layout.referrers:
-        if desc.artifact_type == MEDIA_CYCLONEDX:
-            _, layers, _ = oci.parse_manifest(oci.read_blob(layout.path, desc), desc.digest)
-            if layers:
-                return json.loads(oci.read_blob(layout.path, layers[0], limit=256 << 20))
+    layout = read_image(Path(layout_dir))
+    for artifact in layout.referrers:
+        if artifact.artifact_type == MEDIA_CYCLONEDX and artifact.layers:
+            where = f"{oci.blob_path(layout.path, artifact.digest)}.layers[0]"
+            return oci.load_json(oci.read_blob(layout.path, artifact.layers[0], limit=256 << 20, where=where), where)
     return None

@@ -27,6 +27,7 @@ from imagebuild.errors import ImagebuildError
 from imagebuild.image import export
 from imagebuild.image import normalize
 from imagebuild.image import oci
+from imagebuild.image.layout import layer_stream, read_image
 from imagebuild.image import sbom
 from imagebuild.lock import Lock, read_lock
 from imagebuild.render import LABEL_PREFIX, site_packages
@@ -163,10 +164,10 @@ def is_layout(ref: str) -> bool:
 def image_files(engine, ref: str, keep: Callable[[str], bool] = lambda _: False) -> ImageFiles:
     """The merged filesystem of an engine image or an OCI layout."""
     if is_layout(ref):
-        layout = oci.read_layout(Path(ref[4:] if ref.startswith("oci:") else ref))
+        layout = read_image(Path(ref[4:] if ref.startswith("oci:") else ref))
         layers = []
         for desc in layout.layers:
-            with oci.layer_stream(layout, desc) as stream:
+            with layer_stream(layout, desc) as stream:
                 layers.append(read_layer_files(stream, keep))
         files, contents = merge_layers(layers)
         return ImageFiles(layout.config, files, contents)
@@ -181,9 +182,9 @@ def image_files(engine, ref: str, keep: Callable[[str], bool] = lambda _: False)
 
 def layout_file(layout_dir: Path, path: str) -> bytes | None:
     """One file of a layout's image, looked for from the top layer down (the top is usually small)."""
-    layout = oci.read_layout(Path(layout_dir))
+    layout = read_image(Path(layout_dir))
     for desc in reversed(layout.layers):
-        with oci.layer_stream(layout, desc) as stream:
+        with layer_stream(layout, desc) as stream:
             layer = read_layer_files(stream, keep=lambda p: p == path)
         if path in layer.contents:
             return layer.contents[path]

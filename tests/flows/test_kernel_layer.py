@@ -1,4 +1,4 @@
-"""Reading a registry build cache's kernel layer (publish/kernel_layer.py): which layer, what is taken from it,
+"""Reading a registry build cache's kernel layer (flows/kernel_layer.py): which layer, what is taken from it,
 and that no reply, config or tar stream ends in a traceback. The positive path on a real [aot] image pushed
 to a real registry is tests/slow/test_zero_jit_releases.py (an empty kernel cache seeded, nothing compiled)."""
 

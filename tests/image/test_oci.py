@@ -10,7 +10,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -20,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from imagebuild.image import export, oci
+from imagebuild.image.layout import read_image
 from imagebuild.image.normalize import LayerError
 
 EPOCH = oci.REPRO_EPOCH
@@ -226,7 +226,7 @@ def test_saved_image_to_layout_is_standard_and_readable(tmp_path):
     archive = saved_archive([make_tar(sample_members()), make_tar([member("etc/x", data=b"1")])],
                             engine_config())
     result = export_archive(archive, tmp_path / "layout")
-    layout = oci.read_layout(tmp_path / "layout")
+    layout = read_image(tmp_path / "layout")
     assert layout.manifest_digest == result.manifest_digest and layout.diff_ids == result.diff_ids
     config = layout.config
     assert config["created"] == oci.rfc3339(EPOCH) == "2023-11-14T22:13:20Z"
@@ -282,16 +282,6 @@ def test_bad_saved_images_are_clear_errors(archive, message):
         export.read_saved(io.BytesIO(archive), lambda name, stream: stream.read())
 
 
-def test_layout_with_a_damaged_blob_is_refused(tmp_path):
-    result = export_archive(saved_archive([make_tar(sample_members())], engine_config(1)),
-                            tmp_path / "layout")
-    oci.blob_path(tmp_path / "layout", result.config_digest).write_bytes(b"{}")
-    with pytest.raises(oci.LayoutError, match="does not match"):
-        oci.read_layout(tmp_path / "layout")
-    with pytest.raises(oci.LayoutError, match="missing"):
-        oci.read_layout(tmp_path / "nothing")
-
-
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
@@ -335,6 +325,31 @@ def test_any_engine_config_normalizes_without_error(config):
     out = export.normalized_config(config, ["sha256:" + "0" * 64], EPOCH)
     assert out["created"] == oci.rfc3339(EPOCH) and out["rootfs"]["diff_ids"] == ["sha256:" + "0" * 64]
     json.dumps(out)
+
+
+platform_like = st.fixed_dictionaries(
+    {"os": st.sampled_from(["linux", "", 3]), "architecture": st.sampled_from(["arm64", None, "amd64"])},
+    optional={"variant": st.sampled_from(["v8", 8, ""])})
+entry_like = st.fixed_dictionaries(
+    {"mediaType": st.sampled_from([oci.MEDIA_MANIFEST, oci.MEDIA_INDEX, 3]),
+     "urls": st.sampled_from([[], ["https://x"], "https://x", [3]]),
+     "digest": st.sampled_from(["sha256:" + "a" * 64, "sha256:xyz", None]),
+     "size": st.sampled_from([0, 556, -1, True])},
+    optional={"platform": platform_like | json_values, "annotations": json_values})
+index_like = json_values | st.fixed_dictionaries(
+    {"schemaVersion": st.sampled_from([2, "2"]), "manifests": st.lists(entry_like | json_values, max_size=3)},
+    optional={"mediaType": st.sampled_from([oci.MEDIA_INDEX, oci.MEDIA_MANIFEST, None])})
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=index_like, raw=st.binary(max_size=64))
+def test_an_image_index_from_outside_is_parsed_or_refused(value, raw):
+    for data in (json.dumps(value).encode(), raw):
+        try:
+            entries = oci.parse_image_index(data, "index")
+        except oci.LayoutError:
+            continue
+        assert all(isinstance(d, oci.Descriptor) and (p is None or isinstance(p, oci.Platform)) for d, p in entries)
 
 
 _ARCHIVE = saved_archive([make_tar(sample_members())], engine_config(1))

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from imagebuild.cli import app as cli
 from imagebuild.image import export, index, oci, sbom
-from tests.image.test_oci import json_values
+from tests.image.test_oci import index_like
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "lockfiles" / "cuda-toolchain.lock"
@@ -174,30 +174,6 @@ def test_lock_and_ref_names_with_several_images(images, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- the index read back, on any input
-
-platform_like = st.fixed_dictionaries(
-    {"os": st.sampled_from(["linux", "", 3]), "architecture": st.sampled_from(["arm64", None, "amd64"])},
-    optional={"variant": st.sampled_from(["v8", 8, ""])})
-entry_like = st.fixed_dictionaries(
-    {"mediaType": st.sampled_from([oci.MEDIA_MANIFEST, oci.MEDIA_INDEX, 3]),
-     "digest": st.sampled_from(["sha256:" + "a" * 64, "sha256:xyz", None]),
-     "size": st.sampled_from([0, 556, -1, True])},
-    optional={"platform": platform_like | json_values, "annotations": json_values})
-index_like = json_values | st.fixed_dictionaries(
-    {"schemaVersion": st.sampled_from([2, "2"]), "manifests": st.lists(entry_like | json_values, max_size=3)},
-    optional={"mediaType": st.sampled_from([oci.MEDIA_INDEX, oci.MEDIA_MANIFEST, None])})
-
-
-@settings(max_examples=300, deadline=None)
-@given(value=index_like, raw=st.binary(max_size=64))
-def test_an_image_index_from_outside_is_parsed_or_refused(value, raw):
-    for data in (json.dumps(value).encode(), raw):
-        try:
-            entries = index.parse_image_index(data, "index")
-        except oci.LayoutError:
-            continue
-        assert all(isinstance(d, oci.Descriptor) and isinstance(p, index.Platform) for d, p in entries)
-
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=index_like, top=st.booleans())

@@ -24,6 +24,7 @@ from imagebuild.cli import app as cli
 from imagebuild.engine.docker import DockerEngine
 from imagebuild.errors import EngineUnavailable, ToolMissing
 from imagebuild.image import export, oci
+from imagebuild.image.layout import read_image
 from imagebuild.lock import ensure_fresh, read_lock, uv_binary
 from imagebuild import flows
 from imagebuild.flows import ca_bundle, smoke
@@ -190,7 +191,7 @@ def test_sbom_of_the_layout_is_attached(builds, monkeypatch, capsys):
     document = json.loads(out.read_text())
     assert document["metadata"]["component"]["hashes"][0]["content"] == \
         builds.b.layout.manifest_digest.split(":")[1]
-    assert oci.read_layout(builds.b.layout.path).manifest_digest == builds.b.layout.manifest_digest
+    assert read_image(builds.b.layout.path).manifest_digest == builds.b.layout.manifest_digest
 
 
 def test_a_step_that_writes_the_date_is_caught_and_named(engine, fresh_engine, builds, made, monkeypatch, capsys):
@@ -269,7 +270,7 @@ def test_buildah_engine_contract_on_a_tiny_image(tmp_path):
         with buildah.export_rootfs(ref) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             assert {m.name: m.mtime for m in tar} == {"etc": oci.REPRO_EPOCH, "etc/a": oci.REPRO_EPOCH}
         layout = export.export_layout(buildah, ref, tmp_path / "layout", cache=False)
-        assert oci.read_layout(layout.path).config["config"]["Labels"]["x"] == "1"
+        assert read_image(layout.path).config["config"]["Labels"]["x"] == "1"
     finally:
         buildah.remove(ref)
     assert buildah.inspect(ref) is None

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.image import oci, sbom
+from imagebuild.image import sbom
+from imagebuild.image.layout import read_image
 from imagebuild.lock import LockedPatch, read_lock
 from tests.image.test_oci import engine_config, export_archive, make_tar, sample_members, saved_archive
 
@@ -70,7 +71,7 @@ def test_attached_sbom_is_a_referrer_and_leaves_the_image_manifest_alone(tmp_pat
     document = sbom.build_sbom(read_lock(LOCK), image_name="x", manifest_digest=result.manifest_digest)
     first = sbom.attach_sbom(tmp_path / "layout", document)
     again = sbom.attach_sbom(tmp_path / "layout", document)  # idempotent: replaced, not added
-    layout = oci.read_layout(tmp_path / "layout")
+    layout = read_image(tmp_path / "layout")
     assert first == again and layout.manifest_digest == result.manifest_digest
     assert [d.digest for d in layout.referrers] == [first.digest]
     assert sbom.read_attached(tmp_path / "layout") == document

@@ -273,7 +273,7 @@ def test_with_the_shim_two_different_compiles_get_different_temporary_names(real
 # ---------------------------------------------------------------- seeding from a folder in the cache's layout
 
 def seed_folder(tmp_path: Path) -> Path:
-    """Entries as publish/kernel_layer.py lays them out: two FlashInfer modules (one whose bytes are not the ones
+    """Entries as flows/kernel_layer.py lays them out: two FlashInfer modules (one whose bytes are not the ones
     its entry.json states) and one SGLang leaf."""
     source = tmp_path / "seed"
     for key, name, data, stated in (("a" * 64, "batch_prefill_x", b"\x7fELF one", b"\x7fELF one"),

@@ -28,7 +28,7 @@ from imagebuild.image.oci import blob_path
 from imagebuild.flows.kernels import KernelStepWatch
 from imagebuild.lock import read_lock, uv_binary
 from imagebuild.flows import ca_bundle
-from imagebuild.publish.registry import push
+from imagebuild.registry.registry import push
 from imagebuild.recipe.model import load_recipe
 from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, render_context
 from imagebuild.render.paths import OWN_STEP

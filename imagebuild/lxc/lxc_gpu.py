@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from imagebuild.errors import EXIT_FAILED, ImagebuildError
-from imagebuild.publish.lxc import image_config, rootfs_members
-from imagebuild.publish.rootfs_filter import is_driver_library
+from imagebuild.lxc.lxc import image_config, rootfs_members
+from imagebuild.lxc.rootfs_filter import is_driver_library
 
 
 class DriverInImage(ImagebuildError):

@@ -20,17 +20,18 @@ from hypothesis import strategies as st
 
 from imagebuild.cli import app as cli
 from imagebuild.errors import ImagebuildError
-from imagebuild.publish import registry
-from imagebuild.publish.registry_auth import (AuthFailed, Challenge, Credentials, CredentialsError, find_credentials,
-                                              parse_docker_config, parse_upload_range, parse_www_authenticate,
-                                              read_token, registry_key)
-from imagebuild.publish.registry_client import RegistryUnreachable
+from imagebuild.image.layout import read_layout
+from imagebuild.registry import registry
+from imagebuild.registry.auth import (AuthFailed, Challenge, Credentials, CredentialsError, find_credentials,
+                                      parse_docker_config, parse_upload_range, parse_www_authenticate,
+                                      read_token, registry_key)
+from imagebuild.registry.client import RegistryUnreachable
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import registry_server
 from registry_server import Proxy, TokenService, make_tls, start_registry
 
-from imagebuild.publish import push_source
+from imagebuild.registry import push_source
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -114,7 +115,7 @@ def assert_pulled_back_equal(server, ref: str, layout: Path, tmp_path: Path, use
     registry_server.run("skopeo", "copy", "--insecure-policy", "--preserve-digests",
                         *[f.replace("--", "--src-", 1) for f in server.skopeo_flags(user)],
                         f"docker://{ref}", f"oci:{pulled}:x")
-    original, copy = push_source.read_layout(layout), push_source.read_layout(pulled)
+    original, copy = read_layout(layout).image, read_layout(pulled).image
     assert copy.digest == original.digest
     for blob in original.blobs:
         assert (pulled / "blobs" / "sha256" / blob.digest[7:]).read_bytes() == blob.path.read_bytes()
@@ -130,7 +131,7 @@ def test_push_over_plain_http_is_pulled_back_by_skopeo(layouts, plain, capsys, t
                                 "--digest-file", digest_file)
     assert code == 0, err
     report = json.loads(out)
-    expected = push_source.read_layout(layouts["v1"]).digest
+    expected = read_layout(layouts["v1"]).image.digest
     assert report["digest"] == expected == digest_file.read_text().strip()
     assert report["pinned"] == f"{ref}@{expected}"
     assert {b["action"] for b in report["blobs"]} == {"uploaded"}
@@ -150,7 +151,7 @@ def test_a_warm_push_sends_only_the_changed_layer(layouts, plain):
     proxy = Proxy(int(plain.host.rsplit(":", 1)[1]))
     try:
         ref = f"{proxy.host}/team/tiny:1"
-        v1, v2 = push_source.read_layout(layouts["v1"]), push_source.read_layout(layouts["v2"])
+        v1, v2 = read_layout(layouts["v1"]).image, read_layout(layouts["v2"]).image
         cold = registry.push(layouts["v1"], ref, insecure_http=True, chunk_size=MiB)
         total = sum(b.size for b in v1.blobs)
         assert cold.bytes_sent == total and proxy.sent_upstream >= total
@@ -206,7 +207,7 @@ def test_an_upload_cut_midway_through_a_chunk_still_completes(layouts, plain, tm
         # a registry that reports the bytes it kept lets us go on from there
         assert big.restarts + len(big.resumed_at) == 1
         assert big.bytes_sent > big.size
-        assert report.digest == push_source.read_layout(layouts["v1"]).digest
+        assert report.digest == read_layout(layouts["v1"]).image.digest
         assert_pulled_back_equal(plain, f"{plain.host}/team/cut:1", layouts["v1"], tmp_path)
     finally:
         proxy.close()
@@ -380,17 +381,19 @@ def test_an_engine_image_is_exported_then_pushed(layouts, plain, capsys):
 
 @pytest.mark.engine
 def test_layout_errors_name_the_problem(layouts, tmp_path):
+    """skopeo's layout, damaged: push refuses it with what is wrong, before anything is sent."""
     with pytest.raises(ImagebuildError, match="not an OCI image layout"):
-        push_source.read_layout(tmp_path)
+        registry.push(tmp_path, "127.0.0.1:9/x/y:1", insecure_http=True)
     broken = tmp_path / "broken"
     shutil.copytree(layouts["v1"], broken)
-    image = push_source.read_layout(broken)
+    image = read_layout(broken).image
     image.blobs[-1].path.unlink()
     with pytest.raises(ImagebuildError, match=f"blob {image.blobs[-1].digest} is missing"):
-        push_source.read_layout(broken)
-    (broken / "blobs" / "sha256" / image.digest[7:]).write_bytes(b"{}")
-    with pytest.raises(ImagebuildError, match="does not match its bytes"):
-        push_source.read_layout(broken)
+        registry.push(broken, "127.0.0.1:9/x/y:1", insecure_http=True)
+    manifest = broken / "blobs" / "sha256" / image.digest[7:]
+    manifest.write_bytes(manifest.read_bytes().replace(b"schemaVersion", b"schemaversion"))
+    with pytest.raises(ImagebuildError, match=f"blob {image.digest} does not match its digest"):
+        registry.push(broken, "127.0.0.1:9/x/y:1", insecure_http=True)
     with pytest.raises(ImagebuildError, match="names no registry host"):
         push_source.parse_reference("ubuntu:24.04")
 
@@ -449,7 +452,7 @@ def test_reference_examples():
 
 
 def test_token_request_and_reply():
-    from imagebuild.publish.registry_auth import token_request
+    from imagebuild.registry.auth import token_request
     challenge = Challenge("bearer", {"realm": "https://auth.test/t", "service": "reg"})
     request = token_request(challenge, ["repository:a:pull,push"], Credentials("u", "p"))
     assert request["params"] == [("service", "reg"), ("scope", "repository:a:pull,push")]

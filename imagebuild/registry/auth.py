@@ -1,6 +1,6 @@
 """Who we are to a registry (credentials from the environment, the docker config or a credential
 helper) and how it asks for that (WWW-Authenticate: Basic, or Bearer with a token service).
-registry_client.py holds the session that uses them.
+client.py holds the session that uses them.
 
 The parsers here read text a registry or a user's machine hands us: each returns a value or raises
 a typed error, never a traceback.

@@ -16,11 +16,12 @@ from pathlib import Path
 
 from imagebuild.common import Progress, cache_dir, quiet, write_atomic
 from imagebuild.errors import ImagebuildError
+from imagebuild.image.layout import Blob, Manifest, read_layout
 from imagebuild.image.oci import LayoutError
-from imagebuild.publish.push_source import Blob, Manifest, Reference, export_engine_image, parse_reference, read_layout
-from imagebuild.publish.registry_auth import AuthFailed, Credentials, RegistryError, parse_upload_range
-from imagebuild.publish.registry_client import (RETRY_ERRORS, RETRY_STATUS, RegistryClient, describe,
-                                                with_query)
+from imagebuild.registry.push_source import Reference, export_engine_image, parse_reference
+from imagebuild.registry.auth import AuthFailed, Credentials, RegistryError, parse_upload_range
+from imagebuild.registry.client import (RETRY_ERRORS, RETRY_STATUS, RegistryClient, describe,
+                                        with_query)
 
 DEFAULT_CHUNK = 64 << 20  # a lost connection costs at most one chunk
 _BLOCK = 1 << 20  # bytes read from a blob file at a time
@@ -278,7 +279,7 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
     each of `also_tags` in the same repository (the same manifest bytes: the same digest)."""
     started = time.monotonic()
     ref = parse_reference(reference) if isinstance(reference, str) else reference
-    image = read_layout(source, layout_name)
+    image = read_layout(source, layout_name).image
     if ref.digest and ref.digest != image.digest:
         raise ImagebuildError(f"{ref} pins {ref.digest}, but the layout's image is {image.digest}")
     cache = MountCache(cache_dir() / "registry-blobs.json" if remember else None)
@@ -299,7 +300,7 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
         pusher.put_manifest(image, tag)
     cache.record(ref.registry, ref.repository, [b.digest for b in blobs])
     cache.save()
-    platforms = [{"platform": child.platform or None, "digest": child.digest,
+    platforms = [{"platform": str(child.platform) if child.platform else None, "digest": child.digest,
                   "referrers": [r.digest for r in child.referrers]} for child in image.children]
     return PushReport(str(ref), image.digest, image.media_type, str(source), results,
                       len(everything), client.retried, time.monotonic() - started, platforms=platforms)

@@ -1,4 +1,4 @@
-"""A session with one registry: reachability and TLS, authentication (registry_auth.py says who we
+"""A session with one registry: reachability and TLS, authentication (auth.py says who we
 are and how the registry asks for it), and what to do when it stumbles (retries with exponential
 backoff on 5xx, 429, timeouts).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
@@ -17,8 +17,8 @@ import requests
 from imagebuild import __version__
 from imagebuild.common import Progress, quiet
 from imagebuild.errors import EXIT_UNAVAILABLE, ImagebuildError
-from imagebuild.publish.registry_auth import (AuthFailed, Challenge, Credentials, RegistryError, find_credentials,
-                                              login_hint, parse_www_authenticate, read_token, token_request)
+from imagebuild.registry.auth import (AuthFailed, Challenge, Credentials, RegistryError, find_credentials,
+                                      login_hint, parse_www_authenticate, read_token, token_request)
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 RETRY_ERRORS = (requests.ConnectionError, requests.Timeout)

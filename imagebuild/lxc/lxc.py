@@ -30,8 +30,8 @@ from imagebuild.engine.contract import config_platform, split_ref
 from imagebuild.engine.streams import widen_pipe
 from imagebuild.errors import ImagebuildError, ToolMissing
 from imagebuild.image import tarstream
-from imagebuild.publish.rootfs_filter import (ImageConfig, RootfsSummary, TemplateError, TemplatePlan, TemplateReport,
-                                              clean_name, damaged_as_unreadable, filter_rootfs)
+from imagebuild.lxc.rootfs_filter import (ImageConfig, RootfsSummary, TemplateError, TemplatePlan, TemplateReport,
+                                          clean_name, damaged_as_unreadable, filter_rootfs)
 
 BUFFER = 1 << 20
 COMPRESSORS = {"zst": (".tar.zst", ("zstd", "-T0", "-q", "-c")),

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from imagebuild.cli import app as cli
 from imagebuild.errors import ToolMissing
 from imagebuild.render.paths import PROBE_COMMAND
-from imagebuild.publish import lxc, lxc_gpu, rootfs_filter
+from imagebuild.lxc import lxc, lxc_gpu, rootfs_filter
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLCHAIN_RECIPE = ROOT / "recipes" / "cuda-toolchain.toml"

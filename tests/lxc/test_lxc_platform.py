@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from imagebuild.cli import app as cli
 from imagebuild.errors import EXIT_BAD_INPUT, EXIT_OK
-from imagebuild.publish import lxc
-from imagebuild.publish.rootfs_filter import TemplateError
-from tests.publish.test_lxc import debian_rootfs, directory, entry, make_tar
+from imagebuild.lxc import lxc
+from imagebuild.lxc.rootfs_filter import TemplateError
+from tests.lxc.test_lxc import debian_rootfs, directory, entry, make_tar
 
 ELF_MACHINE = {"amd64": 0x3E, "arm64": 0xB7}  # e_machine: EM_X86_64, EM_AARCH64
 DOCKERFILE = "FROM scratch\nARG TARGETARCH\nADD rootfs-${TARGETARCH}.tar /\n"

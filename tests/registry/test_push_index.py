@@ -1,24 +1,20 @@
 """imagebuild push of a multi-platform layout (an OCI image index) to a real loopback docker-registry,
 read back by skopeo: the index under the tag, each platform's manifest and SBOM by digest, and the
-arm64 image pulled back by platform. How push reads a layout's index is checked on arbitrary input."""
+arm64 image pulled back by platform. The layout reader push uses is checked on arbitrary input in
+tests/image/test_layout.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from imagebuild.cli import app as cli
 from imagebuild.image import index, oci
-from imagebuild.image.oci import LayoutError
-from imagebuild.publish import push_source
-from tests.image.test_oci import json_values
+from imagebuild.image.layout import read_image
 from tests.image.test_oci_index import build_platform_image
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
@@ -28,7 +24,7 @@ from registry_server import start_registry  # noqa: E402
 REPO = f"imagebuild-test/push-index-{os.getpid()}"
 
 
-from tests.publish.test_registry import isolated  # noqa: E402,F401 -- autouse: no credentials, config or cache of the machine
+from tests.registry.test_registry import isolated  # noqa: E402,F401 -- autouse: no credentials, config or cache of the machine
 
 
 def imagebuild(capsys, *argv) -> tuple[int, dict]:
@@ -106,45 +102,7 @@ def test_a_single_image_layout_with_its_sbom_needs_no_layout_name(layouts, plain
     ref = f"{plain.host}/team/single:7"
     code, report = imagebuild(capsys, "push", layouts["single"], ref, "--insecure-http")
     assert code == 0, report
-    single = oci.read_layout(layouts["single"])
+    single = read_image(layouts["single"])
     assert report["digest"] == single.manifest_digest and report["manifests"] == 2
     assert "platforms" not in report
     assert report["digest"] == index.read_index_layout(layouts["multi"]).manifest_for("linux/arm64").digest
-
-
-# ---------------------------------------------------------------- the layout push reads, on any input
-
-def _layout_with_index(folder: Path, body) -> None:
-    """A layout whose index.json names one image index holding `body`, beside one real image."""
-    config = b'{"architecture":"arm64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}'
-    config_digest = oci.write_blob(folder, config)
-    manifest = oci.canonical_json(oci.image_manifest(oci.Descriptor(oci.MEDIA_CONFIG, config_digest, len(config)), []))
-    manifest_digest = oci.write_blob(folder, manifest)
-    real = {"mediaType": oci.MEDIA_MANIFEST, "digest": manifest_digest, "size": len(manifest)}
-    data = json.dumps(body, default=lambda _: real).encode()  # `object()` placeholders become the real one
-    digest = oci.write_blob(folder, data)
-    oci.write_index(folder, [oci.Descriptor(oci.MEDIA_INDEX, digest, len(data), {oci.REF_NAME: "1"})])
-
-
-_REAL = object()
-child_like = st.just(_REAL) | st.fixed_dictionaries(
-    {"mediaType": st.sampled_from([oci.MEDIA_MANIFEST, oci.MEDIA_INDEX, 3, None]),
-     "digest": st.sampled_from(["sha256:" + "a" * 64, "sha256:nothex", 7])},
-    optional={"size": json_values, "platform": json_values})
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=json_values | st.fixed_dictionaries(
-    {"schemaVersion": st.just(2), "mediaType": st.sampled_from([oci.MEDIA_INDEX, oci.MEDIA_MANIFEST]),
-     "manifests": st.lists(child_like, max_size=3) | json_values},
-    optional={"layers": json_values, "config": json_values}))
-def test_push_reads_any_index_in_a_layout_or_refuses_it(tmp_path_factory, body):
-    folder = tmp_path_factory.mktemp("garbled")
-    _layout_with_index(folder, body)
-    try:
-        image = push_source.read_layout(folder)
-    except LayoutError:
-        return
-    for manifest in image.walk():
-        assert manifest.digest == "sha256:" + hashlib.sha256(manifest.data).hexdigest()
-        assert isinstance(manifest.platform, str)
