@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from imagebuild.common import cache_dir
-from imagebuild.payload.probe import kernels_moe
+from imagebuild.payload.probe import kernels_aot, kernels_moe
 
 RELEASES = {"0.7.1": "previous", "0.7.2": "pinned", "0.7.4": "newest"}
 BEFORE_SM120 = "0.2.14"  # an sdist: PyPI holds no wheel of it
@@ -166,3 +166,10 @@ def test_any_python_file_is_read_or_skipped_never_a_traceback(tmp_path_factory, 
     functions = kernels_moe.index_functions(str(folder))
     assert kernels_moe.generator_for(functions, "get_x", 120, True).keys() <= {"missing", "generator", "file", "line",
                                                                                "parameters", "loader"}
+
+
+def test_the_build_step_refuses_a_quantized_shape_rather_than_prove_zero_jit_without_its_kernels(tmp_path):
+    """kernels_aot compiles attention, cascade and sampling only: a quantized shape's MoE and FP4 modules
+    would compile on first use, so the step stops before it imports anything."""
+    with pytest.raises(kernels_aot.AotError, match="glm-4.5-nvfp4-tp8, dense-nvfp4 declare MoE or quantized serving"):
+        kernels_aot.build(SPEC, str(tmp_path / "manifest.json"))

@@ -91,6 +91,15 @@ def test_explicit_moe_keys_and_the_glm_config_give_the_same_shape(folder):
     assert read.shape == "glm-4.5-nvfp4-tp8" and read.file == "glm/config.json" and len(read.dims.sha256) == 64
 
 
+def test_check_prints_each_value_read_with_its_config_key(folder):
+    from imagebuild.flows.check import check
+    report = check(write(folder, FROM_CONFIG))
+    (note,) = [f for f in report.findings if f.rule == "aot-model-config"]
+    assert note.status.value == "note" and not report.findings[0].stops_build
+    assert "experts 160 (n_routed_experts)" in note.message and "top_k 8 (num_experts_per_tok)" in note.message
+    assert note.evidence.startswith("glm/config.json (sha256 ")
+
+
 def test_a_dense_shape_writes_no_moe_field_into_aot_json(folder):
     dense = HEAD + "head_dim = 128\nq_heads = 32\nkv_heads = 8\n"
     assert set(load_recipe(write(folder, dense)).aot.shapes[0].to_json()) == {
