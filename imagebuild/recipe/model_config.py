@@ -69,6 +69,8 @@ class ModelDims:
 def read_model_config(path: Path) -> ModelDims:
     """The shape fields config.json at `path` decides; ModelConfigProblem when it cannot be read as one."""
     try:
+        if path.exists() and not path.is_dir() and not path.is_file():  # a device or a pipe could block or never end
+            raise ModelConfigProblem("is not a regular file", hint="name the model's config.json file")
         with open(path, "rb") as handle:
             data = handle.read(LIMIT_BYTES + 1)
     except FileNotFoundError:

@@ -4,6 +4,7 @@ RecipeError, and arbitrary bytes or JSON in config.json never a traceback."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from dataclasses import replace
@@ -16,11 +17,13 @@ from hypothesis import strategies as st
 from imagebuild.errors import RecipeError
 from imagebuild.lock.lockfile import (model_configs, parse_lock, payload_sha256, recipe_sha256, stale_reasons,
                                       template_sha256)
-from imagebuild.recipe.model import load_recipe
+from imagebuild.recipe.model import Recipe, load_recipe
 from imagebuild.recipe.model_config import ModelConfigProblem, parse_model_config
 from tests.json_fuzz import json_values, replace_one_field
 from tests.lock.test_lock import _lock
-from tests.recipe.test_recipe import PROPERTY, line_of
+from tests.recipe.test_aot_recipe import DOC as AOT_DOC
+from tests.recipe.test_aot_recipe import parse_or_error
+from tests.recipe.test_recipe import ANY_VALUE, PROPERTY, line_of
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 
@@ -198,11 +201,15 @@ def test_a_bad_config_is_one_error_naming_the_file_and_its_key(folder, data, mes
     assert error.hint
 
 
-@pytest.mark.parametrize("change, where", [(None, "does not exist"), ("folder", "is a directory")])
+@pytest.mark.parametrize("change, where", [(None, "does not exist"), ("folder", "is a directory"),
+                                           ("device", "is not a regular file")])
 def test_a_missing_config_file_is_one_error(folder, change, where):
     shutil.rmtree(folder / "glm")
     if change == "folder":
         (folder / "glm" / "config.json").mkdir(parents=True)
+    if change == "device":
+        (folder / "glm").mkdir()
+        (folder / "glm" / "config.json").symlink_to("/dev/zero")
     error = error_of(write(folder, FROM_CONFIG))
     assert error.key == "aot.shapes[0].model_config" and where in error.reason
 
@@ -309,3 +316,35 @@ def test_a_recipe_whose_config_holds_arbitrary_json_loads_or_is_one_recipe_error
         load_recipe(write(folder, FROM_CONFIG.replace("tp = [8]", "tp = [1]")))
     except RecipeError as error:
         assert error.key and error.key.startswith("aot.shapes[0]")
+
+
+@PROPERTY
+@given(st.binary(max_size=600))
+def test_a_recipe_whose_config_holds_arbitrary_bytes_loads_or_is_one_recipe_error(tmp_path_factory, data):
+    folder = tmp_path_factory.mktemp("bytes")
+    (folder / "glm").mkdir()
+    (folder / "glm" / "config.json").write_bytes(data)
+    try:
+        load_recipe(write(folder, FROM_CONFIG))
+    except RecipeError as error:
+        assert error.key and error.key.startswith("aot.shapes[0]")
+
+
+MOE_DOC_SHAPE = {"quantization": "nvfp4", "experts": 160, "top_k": 8, "moe_intermediate_size": 1536, "ep": [1, 8],
+                 "hidden_size": 5120, "tp": [8], "q_heads": 96, "kv_heads": 8, "head_dim": 128}
+MOE_NEAR = st.sampled_from([0, 1, 2, 7, 8, 16, 160, 161, 1536, 4097, -1, "nvfp4", "fp8-block", "8", [], [1], [3],
+                            [16], [1, 8, 8]])
+
+
+@PROPERTY
+@given(st.sampled_from(["quantization", "experts", "top_k", "moe_intermediate_size", "ep", "hidden_size", "tp"]),
+       MOE_NEAR | ANY_VALUE, st.booleans(), st.booleans())
+def test_any_value_for_a_moe_key_is_a_shape_or_one_located_error(key, value, sections, multiline):
+    doc = copy.deepcopy(AOT_DOC)
+    doc["aot"]["shapes"][0].update(MOE_DOC_SHAPE)
+    doc["aot"]["shapes"][0][key] = value
+    result = parse_or_error(doc, sections, multiline)
+    if isinstance(result, Recipe):
+        shape = result.aot.shapes[0]
+        assert shape.top_k <= shape.experts and all(shape.experts % ep == 0 for ep in shape.ep)
+        assert all(tp % ep == 0 and shape.moe_intermediate_size % (tp // ep) == 0 for tp in shape.tp for ep in shape.ep)
