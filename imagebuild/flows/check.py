@@ -22,19 +22,19 @@ def check(recipe_path: str | Path, *, lock_path: Path | None = None, progress: P
                                        "no lock beside the recipe", f"`imagebuild lock {recipe.path}` writes it",
                                        "imagebuild"))
         return CheckReport(str(recipe.path), located(recipe, findings))
-
-
-def model_config_notes(recipe) -> list[Finding]:
-    """One note per [[aot.shapes]] model_config: the values read from the model's config.json, each with its key."""
-    notes = []
-    for index, read in enumerate(recipe.aot.model_configs if recipe.aot else ()):
-        said = ", ".join(f"{field} {read.dims.values[field]} ({source})" if field in read.dims.values
-                         else f"{field}: {source}" for field, source in read.dims.sources.items())
-        notes.append(Finding("note", "aot-model-config", f"shape {read.shape!r} read from {read.path}: {said}",
-                             f"{read.file} (sha256 {read.dims.sha256})", "", "the model's config.json"))
-    return notes
     locks = read_locks(path)
     for arch, one in ({None: locks} if isinstance(locks, Lock) else locks.locks).items():
         platform_recipe = recipe if arch is None or not recipe.platforms else recipe.for_platform(arch)
         findings += lock_findings(platform_recipe, one, path, progress)
     return CheckReport(str(recipe.path), located(recipe, findings))
+
+
+def model_config_notes(recipe) -> list[Finding]:
+    """One note per [[aot.shapes]] model_config: the values read from the model's config.json, each with its key."""
+    notes = []
+    for read in recipe.aot.model_configs if recipe.aot else ():
+        said = ", ".join(f"{field} {read.dims.values[field]} ({source})" if field in read.dims.values
+                         else f"{field}: {source}" for field, source in read.dims.sources.items())
+        notes.append(Finding("note", "aot-model-config", f"shape {read.shape!r} read from {read.path}: {said}",
+                             f"{read.file} (sha256 {read.dims.sha256})", "", "the model's config.json"))
+    return notes
