@@ -7,10 +7,11 @@ CUTLASS backend (sglang/srt/arg_groups/overrides.py, _moe_runner_backend_quant_c
 kernels are SM100-only"), quantizes activations with FlashInfer's fp4_quantize and runs its FP4 linear
 layers through mm_fp4's cutlass backend (layers/quantization/modelopt_quant.py). Each reaches one
 FlashInfer loader (LOADERS). Which generator a loader calls for the target is read from the loader's own
-body: the gen_* functions it names whose name carries the target's sm number, the family ("f") variant
-first for an f target, as FlashInfer's own dispatcher prefers it with CUDA >= 12.9. The generator's
-parameters are read from its def: FlashInfer's SM12x MoE and FP4 generators take no shape (at most
-use_fast_build, with a default), so one module per target serves every shape.
+body: the gen_* functions it names whose name carries the GPU's sm number, the family ("f") variant first
+when there is one, as FlashInfer's own dispatcher chooses at run time with torch's CUDA >= 12.9 (every CUDA
+13 torch; get_fp4_quantization_module in 0.7.x), whatever the arch list. The generator's parameters are
+read from its def: FlashInfer's SM12x MoE and FP4 generators take no shape (at most use_fast_build, with a
+default) and set their own arch flags, so one module of each serves every shape and every target of that sm.
 
     python kernels_moe.py AOT_JSON [FLASHINFER_DIR]   the plan as JSON (FLASHINFER_DIR: the package folder)
 
@@ -109,8 +110,9 @@ def arch_target(arch: str) -> tuple[int, bool]:
 
 
 def generator_for(functions: SourceIndex, loader: str, sm: int, family: bool) -> dict:
-    """The generator `loader` calls for the target, read from the loader's body; {"missing": reason} when the
-    release has no such loader or no generator for this sm."""
+    """The generator `loader` calls for a GPU of this sm, read from the loader's body (`family`: the family
+    variant first, when the loader names one); {"missing": reason} when the release has no such loader or no
+    generator for this sm."""
     definitions = functions.get(loader)
     if not definitions:
         return {"missing": f"this FlashInfer has no {loader}"}
@@ -136,10 +138,11 @@ def generator_for(functions: SourceIndex, loader: str, sm: int, family: bool) ->
             "loader": {"name": loader, "file": definitions[0]["file"], "line": definitions[0]["line"]}}
 
 
-def moe_plan(spec: dict, package: str) -> dict:
+def moe_plan(spec: dict, package: str, family_variants: bool = True) -> dict:
     """For each quantized shape and target: the FlashInfer modules its SGLang path loads ("modules"), and
     what this FlashInfer lacks ("missing"), each naming role, target and shape. A shape of a quantization
-    this reader does not follow yet is listed under "not_read" with why: never an empty pass."""
+    this reader does not follow yet is listed under "not_read" with why: never an empty pass.
+    `family_variants`: torch's CUDA is 12.9 or newer, so FlashInfer's dispatcher loads a family variant."""
     functions = index_functions(package)
     plan: dict = {"flashinfer": package, "modules": [], "missing": [], "not_read": []}
     seen: dict = {}
@@ -153,20 +156,22 @@ def moe_plan(spec: dict, package: str) -> dict:
             continue
         roles = ROLES[quantization][shape.get("experts") is not None]
         for arch in spec["archs"]:
-            sm, family = arch_target(arch)
+            sm, _ = arch_target(arch)
             for role, loader, reached_by in LOADERS:
                 if role not in roles:
                     continue
-                found = generator_for(functions, loader.format(sm=sm), sm, family)
+                found = generator_for(functions, loader.format(sm=sm), sm, family_variants)
                 if "missing" in found:
                     plan["missing"].append({"shape": shape["name"], "role": role, "arch": arch,
                                             "reached_by": reached_by, "reason": found["missing"]})
                     continue
-                key = (found["generator"], arch)
-                if key not in seen:  # no shape parameter: one module per target serves every shape
-                    seen[key] = dict(found, role=role, arch=arch, reached_by=reached_by, shapes=[])
+                key = found["generator"]
+                if key not in seen:  # no shape parameter, its own arch flags: one module serves them all
+                    seen[key] = dict(found, role=role, archs=[], reached_by=reached_by, shapes=[])
                     plan["modules"].append(seen[key])
-                seen[key]["shapes"].append(shape["name"])
+                for name, value in (("archs", arch), ("shapes", shape["name"])):
+                    if value not in seen[key][name]:
+                        seen[key][name].append(value)
     return plan
 
 
