@@ -15,7 +15,7 @@ from imagebuild.recipe.model import load_recipe
 
 def check(recipe_path: str | Path, *, lock_path: Path | None = None, progress: Progress = quiet) -> CheckReport:
     recipe = load_recipe(recipe_path)
-    findings = rules.check_recipe(recipe, base_glibc(recipe))
+    findings = rules.check_recipe(recipe, base_glibc(recipe)) + model_config_notes(recipe)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     if not path.is_file():
         findings.append(Finding("note", "lock-missing", f"{path} does not exist yet",
@@ -27,3 +27,14 @@ def check(recipe_path: str | Path, *, lock_path: Path | None = None, progress: P
         platform_recipe = recipe if arch is None or not recipe.platforms else recipe.for_platform(arch)
         findings += lock_findings(platform_recipe, one, path, progress)
     return CheckReport(str(recipe.path), located(recipe, findings))
+
+
+def model_config_notes(recipe) -> list[Finding]:
+    """One note per [[aot.shapes]] model_config: the values read from the model's config.json, each with its key."""
+    notes = []
+    for read in recipe.aot.model_configs if recipe.aot else ():
+        said = ", ".join(f"{field} {read.dims.values[field]} ({source})" if field in read.dims.values
+                         else f"{field}: {source}" for field, source in read.dims.sources.items())
+        notes.append(Finding("note", "aot-model-config", f"shape {read.shape!r} read from {read.path}: {said}",
+                             f"{read.file} (sha256 {read.dims.sha256})", "", "the model's config.json"))
+    return notes

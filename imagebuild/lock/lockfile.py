@@ -52,6 +52,14 @@ class LockedPatch:
 
 
 @dataclass(frozen=True)
+class LockedModelConfig:
+    """A config.json an [[aot.shapes]] entry reads (`model_config`): its edit changes the kernels."""
+    shape: str
+    file: str  # as the recipe writes it, relative to the recipe
+    sha256: str
+
+
+@dataclass(frozen=True)
 class Lock:
     recipe: str  # recipe stem
     recipe_sha256: str
@@ -64,6 +72,7 @@ class Lock:
     patches: tuple[LockedPatch, ...] = ()
     cuda: dict = field(default_factory=dict)
     payload_sha256: str = ""  # imagebuild's in-image code; "" in locks made before it was recorded
+    model_configs: tuple[LockedModelConfig, ...] = ()  # written only when a shape reads one
 
     @property
     def packages(self) -> dict[str, str]:
@@ -86,6 +95,7 @@ class Lock:
                           "wheel": {"filename": w.filename, "sha256": w.sha256, "size": w.size}}
                          for w in self.wheels],
             "patches": [vars(p) for p in self.patches],
+            **({"model_configs": [vars(m) for m in self.model_configs]} if self.model_configs else {}),
         }
 
     def to_json(self) -> str:
@@ -261,7 +271,9 @@ def _parse_lock(data, source: str) -> Lock:
                 python_platform=reader.string(target, "platform", "target"),
                 resolver=reader.string(top, "resolver", ""),
                 wheels=wheels, patches=patches,
-                cuda=reader.table(top.get("cuda", {}), "cuda"))
+                cuda=reader.table(top.get("cuda", {}), "cuda"),
+                model_configs=tuple(reader.model_config(item, f"model_configs[{i}]") for i, item
+                                    in enumerate(reader.array(top.get("model_configs", []), "model_configs"))))
 
 
 class _Reader:
@@ -326,6 +338,11 @@ class _Reader:
                            version=self.version(item, "version", key), filename=filename,
                            sha256=self.sha(wheel, "sha256", f"{key}.wheel"),
                            size=self.integer(wheel, "size", f"{key}.wheel"), layer=layer)
+
+    def model_config(self, item, key: str) -> LockedModelConfig:
+        item = self.table(item, key)
+        return LockedModelConfig(shape=self.string(item, "shape", key), file=self.string(item, "file", key),
+                                 sha256=self.sha(item, "sha256", key))
 
     def patch(self, item, key: str) -> LockedPatch:
         item = self.table(item, key)
@@ -416,7 +433,15 @@ def stale_reasons(lock: Lock, recipe: Recipe) -> list[str]:
     patches_now = [(p.package, sha256_bytes(p.path.read_bytes()), p.strip) for p in recipe.patches]
     if patches_now != [(p.package, p.sha256, p.strip) for p in lock.patches]:
         reasons.append("a patch file changed since the lock was made")
+    if model_configs(recipe) != lock.model_configs:
+        reasons.append("a shape's model_config (config.json) changed since the lock was made")
     return reasons
+
+
+def model_configs(recipe: Recipe) -> tuple[LockedModelConfig, ...]:
+    """Each [[aot.shapes]] model_config with its sha256 as the file is now (read when the recipe was loaded)."""
+    found = recipe.aot.model_configs if recipe.aot is not None else ()
+    return tuple(LockedModelConfig(shape=one.shape, file=one.file, sha256=one.dims.sha256) for one in found)
 
 
 def ensure_fresh(lock: Lock, recipe: Recipe, lock_path: Path) -> None:

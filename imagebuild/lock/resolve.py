@@ -19,8 +19,8 @@ from imagebuild import __version__
 from imagebuild.base.identity import BaseIdentity
 from imagebuild.common import MACHINES, Progress, cache_dir, host_arch, quiet
 from imagebuild.errors import LockError, ResolveFailed, ToolMissing
-from imagebuild.lock.lockfile import (Lock, LockedPatch, LockedWheel, payload_sha256, recipe_sha256, sha256_bytes,
-                                      template_sha256)
+from imagebuild.lock.lockfile import (Lock, LockedPatch, LockedWheel, model_configs, payload_sha256, recipe_sha256,
+                                      sha256_bytes, template_sha256)
 from imagebuild.recipe.layers import LAYER_ORDER, LayerPlan
 from imagebuild.recipe.model import Recipe
 
@@ -258,4 +258,4 @@ def resolve_lock(recipe: Recipe, base: BaseIdentity) -> Lock:
                 template_sha256=template_sha256(), payload_sha256=payload_sha256(), base=base,
                 python_platform=base.uv_platform,
                 resolver=resolver, wheels=wheels, patches=lock_patches(recipe, packages),
-                cuda=cuda_summary(recipe))
+                cuda=cuda_summary(recipe), model_configs=model_configs(recipe))

@@ -1,7 +1,9 @@
 """[aot]: the serving shapes whose kernels the image ships prebuilt, so a server starts without JIT.
 
 Each [[aot.shapes]] entry describes one way a model is served (head dims, heads, TP, dtypes, window,
-soft cap, prefix cache, sampling). The build step (imagebuild/payload/probe/kernels_aot.py) asks the
+soft cap, prefix cache, sampling) and, for a quantized mixture-of-experts model, its quantization, experts,
+top-k, expert intermediate size and EP sizes (aot_moe.py); `model_config` reads those from the model's own
+config.json (model_config.py). The build step (imagebuild/payload/probe/kernels_aot.py) asks the
 installed FlashInfer and SGLang which kernel modules such a shape loads and compiles exactly those;
 nothing here names a module. docs/recipes.md documents the table.
 """
@@ -11,7 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+from imagebuild.errors import RecipeError
 from imagebuild.knowledge.cuda import Arch
+from imagebuild.recipe.aot_moe import MOE_DEFAULTS, MOE_KEYS, ModelConfigFile, check_moe, config_values
 from imagebuild.recipe.reader import Key, RecipeReader, show, toml_kind
 
 # SGLang's --kv-cache-dtype names; "auto" is the model's dtype.
@@ -39,13 +43,24 @@ class ServingShape:
     hidden_size: int | None = None  # seeds SGLang's RMSNorm kernel when given
     prefix_cache: bool = True  # radix-cache hits merge attention states: FlashInfer's cascade module
     sampling: bool = True  # FlashInfer's sampling kernels (SGLang's default sampling backend)
+    quantization: str = "none"  # the checkpoint's weights: "nvfp4" (SGLang modelopt_fp4), "fp8-block" (SGLang fp8)
+    experts: int | None = None  # routed experts of each MoE layer; None: a dense model
+    top_k: int | None = None  # experts each token is routed to
+    moe_intermediate_size: int | None = None  # one expert's intermediate size, before the TP split
+    ep: tuple[int, ...] = (1,)  # expert-parallel sizes served (SGLang --ep-size), each dividing every tp size
+    model_config: str | None = None  # the config.json these fields were read from, as the recipe writes it
 
     @property
     def resolved_kv_dtype(self) -> str:
         return self.dtype if self.kv_dtype == "auto" else self.kv_dtype
 
     def to_json(self) -> dict:
-        return dict(asdict(self), tp=list(self.tp), kv_dtype=self.resolved_kv_dtype)
+        """aot.json's entry; the MoE fields only when they differ from a dense, unquantized shape's."""
+        data = dict(asdict(self), tp=list(self.tp), ep=list(self.ep), kv_dtype=self.resolved_kv_dtype)
+        for name, default in MOE_DEFAULTS.items():
+            if data[name] == default:
+                del data[name]
+        return data
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,7 @@ class AotSpec:
     shapes: tuple[ServingShape, ...]
     sglang: bool = True  # also seed SGLang's own JIT cache for the same shapes
     deep_gemm: str = "jit"  # "jit": compiles on first use on the GPU; "disabled": SGLANG_ENABLE_JIT_DEEPGEMM=0
+    model_configs: tuple[ModelConfigFile, ...] = ()  # the config.json files shapes were read from (hashed in the lock)
 
     @property
     def arch_list(self) -> str:
@@ -70,7 +86,7 @@ class AotSpec:
 
 _AOT_KEYS = ("archs", "sglang", "deep_gemm", "shapes")
 _SHAPE_KEYS = ("name", "head_dim", "q_heads", "kv_heads", "tp", "dtype", "kv_dtype", "sliding_window",
-               "logits_soft_cap", "rope", "qk_norm", "hidden_size", "prefix_cache", "sampling")
+               "logits_soft_cap", "rope", "qk_norm", "hidden_size", "prefix_cache", "sampling") + MOE_KEYS
 _SHAPE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _ARCH_ENV = "FLASHINFER_CUDA_ARCH_LIST"
 _ARCH_HINT = "sm_<major><minor>, or major.minor, with an optional a (this GPU only) or f (its family) suffix"
@@ -92,10 +108,11 @@ def parse_aot(read: RecipeReader, doc: dict, cuda_archs: tuple[Arch, ...] | None
         raise read.error(key, "[aot] and [platforms] together are not supported yet",
                          hint="build one platform per recipe; prebuilt kernels for several platforms are not "
                               "supported yet")
+    configs: list[ModelConfigFile] = []
     return AotSpec(archs=_archs(read, table, cuda_archs, env),
                    sglang=_boolean(read, table, key + ("sglang",), True),
                    deep_gemm=_choice(read, table, key + ("deep_gemm",), DEEP_GEMM_MODES, "jit"),
-                   shapes=_shapes(read, table))
+                   shapes=_shapes(read, table, configs), model_configs=tuple(configs))
 
 
 def _archs(read: RecipeReader, table: dict, cuda_archs: tuple[Arch, ...],
@@ -129,7 +146,7 @@ def _archs(read: RecipeReader, table: dict, cuda_archs: tuple[Arch, ...],
     return tuple(archs)
 
 
-def _shapes(read: RecipeReader, table: dict) -> tuple[ServingShape, ...]:
+def _shapes(read: RecipeReader, table: dict, configs: list[ModelConfigFile]) -> tuple[ServingShape, ...]:
     key = ("aot", "shapes")
     items = table.get("shapes")
     if items is None or items == []:
@@ -144,7 +161,13 @@ def _shapes(read: RecipeReader, table: dict) -> tuple[ServingShape, ...]:
         if not isinstance(item, dict):
             raise read.error(where, f"expected a table, got {toml_kind(item)}", hint=f"write {_SHAPE_EXAMPLE}")
         read.known_keys(item, where, _SHAPE_KEYS)
-        shape = _shape(read, item, where)
+        read_config = config_values(read, item, where)
+        if read_config is not None:
+            configs.append(read_config)
+        try:
+            shape = _shape(read, read_config.merged(item) if read_config else item, where)
+        except RecipeError as err:
+            raise (read_config.blame(read, where, err) if read_config else err) from None
         if shape.name in named_at:
             raise read.error(where + ("name",), f"shape name {show(shape.name)} is already used by "
                                                 f"aot.shapes[{named_at[shape.name]}]",
@@ -169,9 +192,9 @@ def _shape(read: RecipeReader, item: dict, key: Key) -> ServingShape:
     hidden_size = None
     if "hidden_size" in item:
         hidden_size = _integer(read, item, key + ("hidden_size",), 16, 65536, multiple=16)
+    tp = _tp(read, item, key + ("tp",), q_heads, kv_heads)
     return ServingShape(
-        name=name, head_dim=head_dim, q_heads=q_heads, kv_heads=kv_heads,
-        tp=_tp(read, item, key + ("tp",), q_heads, kv_heads),
+        name=name, head_dim=head_dim, q_heads=q_heads, kv_heads=kv_heads, tp=tp,
         dtype=_choice(read, item, key + ("dtype",), DTYPES, "bfloat16"),
         kv_dtype=_choice(read, item, key + ("kv_dtype",), KV_DTYPES, "auto"),
         sliding_window=_boolean(read, item, key + ("sliding_window",), False),
@@ -181,6 +204,7 @@ def _shape(read: RecipeReader, item: dict, key: Key) -> ServingShape:
         hidden_size=hidden_size,
         prefix_cache=_boolean(read, item, key + ("prefix_cache",), True),
         sampling=_boolean(read, item, key + ("sampling",), True),
+        **check_moe(read, item, key, hidden_size, tp, _integer, _choice),
     )
 
 

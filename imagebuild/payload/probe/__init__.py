@@ -24,6 +24,7 @@ Each check is a small function returning a plain dict.
     gpu_compute.py    tier 4, where a GPU is visible: a small deep_gemm GEMM against a torch reference
     waste.py          what a site-packages tree cannot use on the target GPU (prune candidates)
     kernels_aot.py    [aot]: builds the serving shapes' kernels in the image's build step (drives the stack)
+      kernels_moe.py  which FlashInfer modules a quantized MoE shape loads on SM12x, read from its source
     kernel_cache.py   the kernel cache those builds keep across builds, keyed by what decides their bytes
     zero_jit.py       check: zero-jit (the prebuilt kernels are there, for the recipe's GPUs, and found)
     deterministic_pid.c  the C shim [aot]'s compiles run under, so their bytes repeat

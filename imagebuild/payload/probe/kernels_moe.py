@@ -1,0 +1,194 @@
+"""Which FlashInfer modules a quantized MoE shape makes SGLang load on an SM12x GPU, read from the
+installed FlashInfer's own source, never imported (a build machine has no GPU, and the tests read
+releases they never install).
+
+SGLang 0.5.23's NVFP4 path (--quantization modelopt_fp4) on SM110/SM120 runs its MoE layers on FlashInfer's
+CUTLASS backend (sglang/srt/arg_groups/overrides.py, _moe_runner_backend_quant_constraints: "trtllm-gen MoE
+kernels are SM100-only"), quantizes activations with FlashInfer's fp4_quantize and runs its FP4 linear
+layers through mm_fp4's cutlass backend (layers/quantization/modelopt_quant.py). Each reaches one
+FlashInfer loader (LOADERS). Which generator a loader calls for the target is read from the loader's own
+body: the gen_* functions it names whose name carries the GPU's sm number, the family ("f") variant first
+when there is one, as FlashInfer's own dispatcher chooses at run time with torch's CUDA >= 12.9 (every CUDA
+13 torch; get_fp4_quantization_module in 0.7.x), whatever the arch list. The generator's parameters are
+read from its def: FlashInfer's SM12x MoE and FP4 generators take no shape (at most use_fast_build, with a
+default) and set their own arch flags, so one module of each serves every shape and every target of that sm.
+
+    python kernels_moe.py AOT_JSON [FLASHINFER_DIR]   the plan as JSON (FLASHINFER_DIR: the package folder)
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import re
+import sys
+
+# (role, the loader FlashInfer's API calls, the SGLang call that reaches it); {sm}: the target's number
+LOADERS = (
+    ("fused-moe", "get_cutlass_fused_moe_module", "flashinfer.fused_moe.cutlass_fused_moe "
+                                                  "(sglang moe_runner/flashinfer_cutlass.py)"),
+    ("fp4-quantize", "get_fp4_quantization_module", "flashinfer.fp4_quantize (sglang modelopt_quant.py)"),
+    ("fp4-gemm", "get_gemm_sm{sm}_module_cutlass_fp4", "flashinfer.mm_fp4, backend cutlass (sglang modelopt_quant.py)"),
+)
+ROLES = {"nvfp4": {True: ("fused-moe", "fp4-quantize", "fp4-gemm"), False: ("fp4-quantize", "fp4-gemm")}}
+_SM = re.compile(r"_sm(\d+)(f?)(?=_|$)")
+
+
+def flashinfer_dir() -> str | None:
+    """The installed flashinfer package's folder, found without importing it."""
+    spec = importlib.util.find_spec("flashinfer")
+    return list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else None
+
+
+_DEF = re.compile(rb"^(?:async[ \t]+)?def[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*\(", re.MULTILINE)
+
+
+class SourceIndex:
+    """The module-level functions defined under a package folder, found by a scan of each file's lines and
+    read (ast) only when asked for: name -> [definition], each with its file (relative to the package's
+    parent), line, parameters and the gen_* names its body uses."""
+
+    def __init__(self, package: str):
+        self.parent = os.path.dirname(os.path.abspath(package))
+        self.files: dict = {}  # function name -> files defining it at column 0
+        self.parsed: dict = {}
+        for root, folders, files in os.walk(package):
+            folders[:] = sorted(f for f in folders if f != "__pycache__")
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(root, name)
+                    try:
+                        with open(path, "rb") as handle:
+                            text = handle.read()
+                    except OSError:
+                        continue
+                    for found in _DEF.finditer(text):
+                        self.files.setdefault(found.group(1).decode(), []).append(path)
+
+    def get(self, name: str) -> list:
+        definitions = []
+        for path in self.files.get(name, ()):
+            definitions += [one for one in self._read(path) if one["name"] == name]
+        return definitions
+
+    def _read(self, path: str) -> list:
+        if path not in self.parsed:
+            try:
+                with open(path, "rb") as handle:
+                    tree = ast.parse(handle.read(), filename=path)
+            except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+                tree = ast.Module(body=[], type_ignores=[])
+            self.parsed[path] = [_definition(node, os.path.relpath(path, self.parent)) for node in tree.body
+                                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        return self.parsed[path]
+
+
+def index_functions(package: str) -> SourceIndex:
+    return SourceIndex(package)
+
+
+def _definition(node, file: str) -> dict:
+    arguments = node.args
+    positional = arguments.posonlyargs + arguments.args
+    defaults = [None] * (len(positional) - len(arguments.defaults)) + list(arguments.defaults)
+    parameters = [{"name": a.arg, "default": None if d is None else ast.unparse(d)} for a, d in zip(positional, defaults)]
+    parameters += [{"name": a.arg, "default": None if d is None else ast.unparse(d)}
+                   for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults)]
+    uses = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id.startswith("gen_")})
+    return {"name": node.name, "file": file, "line": node.lineno, "parameters": parameters, "uses": uses}
+
+
+def arch_target(arch: str) -> tuple[int, bool]:
+    """`12.0f` -> (120, True): the sm number and whether it is a family target."""
+    major, _, rest = arch.partition(".")
+    minor = "".join(c for c in rest if c.isdigit())
+    return int(major) * 10 + int(minor or 0), rest.endswith("f")
+
+
+def generator_for(functions: SourceIndex, loader: str, sm: int, family: bool) -> dict:
+    """The generator `loader` calls for a GPU of this sm, read from the loader's body (`family`: the family
+    variant first, when the loader names one); {"missing": reason} when the release has no such loader or no
+    generator for this sm."""
+    definitions = functions.get(loader)
+    if not definitions:
+        return {"missing": f"this FlashInfer has no {loader}"}
+    named = sorted({name for one in definitions for name in one["uses"]})
+    fitting = [(name, match.group(2) == "f") for name in named
+               for match in [_SM.search(name)] if match and int(match.group(1)) == sm]
+    exact = [name for name, is_family in fitting if not is_family]
+    chosen = ([name for name, is_family in fitting if is_family] or exact) if family else exact
+    if not chosen:
+        return {"missing": f"{loader} names no generator for sm_{sm}" +
+                           (f" (it names {', '.join(named)})" if named else "")}
+    generator = chosen[0]
+    defined = functions.get(generator)
+    if not defined:
+        return {"missing": f"{loader} names {generator}, which this FlashInfer does not define"}
+    definition = sorted(defined, key=lambda one: "/jit/" not in one["file"])[0]
+    required = [p["name"] for p in definition["parameters"] if p["default"] is None]
+    if required:
+        return {"missing": f"{generator} takes {', '.join(required)}, which no [aot] shape field gives: "
+                           "this FlashInfer release is not supported yet"}
+    return {"generator": generator, "file": definition["file"], "line": definition["line"],
+            "parameters": definition["parameters"],
+            "loader": {"name": loader, "file": definitions[0]["file"], "line": definitions[0]["line"]}}
+
+
+def moe_plan(spec: dict, package: str, family_variants: bool = True) -> dict:
+    """For each quantized shape and target: the FlashInfer modules its SGLang path loads ("modules"), and
+    what this FlashInfer lacks ("missing"), each naming role, target and shape. A shape of a quantization
+    this reader does not follow yet is listed under "not_read" with why: never an empty pass.
+    `family_variants`: torch's CUDA is 12.9 or newer, so FlashInfer's dispatcher loads a family variant."""
+    functions = index_functions(package)
+    plan: dict = {"flashinfer": package, "modules": [], "missing": [], "not_read": []}
+    seen: dict = {}
+    for shape in spec["shapes"]:
+        quantization = shape.get("quantization", "none")
+        if quantization == "none":
+            continue
+        if quantization not in ROLES:
+            plan["not_read"].append({"shape": shape["name"], "quantization": quantization,
+                                     "why": "its SGLang path's kernels are not read by this probe yet"})
+            continue
+        roles = ROLES[quantization][shape.get("experts") is not None]
+        for arch in spec["archs"]:
+            sm, _ = arch_target(arch)
+            for role, loader, reached_by in LOADERS:
+                if role not in roles:
+                    continue
+                found = generator_for(functions, loader.format(sm=sm), sm, family_variants)
+                if "missing" in found:
+                    plan["missing"].append({"shape": shape["name"], "role": role, "arch": arch,
+                                            "reached_by": reached_by, "reason": found["missing"]})
+                    continue
+                key = found["generator"]
+                if key not in seen:  # no shape parameter, its own arch flags: one module serves them all
+                    seen[key] = dict(found, role=role, archs=[], reached_by=reached_by, shapes=[])
+                    plan["modules"].append(seen[key])
+                for name, value in (("archs", arch), ("shapes", shape["name"])):
+                    if value not in seen[key][name]:
+                        seen[key][name].append(value)
+    return plan
+
+
+def main(argv: list) -> int:
+    if len(argv) not in (1, 2):
+        print(__doc__, file=sys.stderr)
+        return 2
+    with open(argv[0], encoding="utf-8") as handle:
+        spec = json.load(handle)
+    package = argv[1] if len(argv) == 2 else flashinfer_dir()
+    if package is None:
+        print("flashinfer is not installed for this interpreter", file=sys.stderr)
+        return 1
+    plan = moe_plan(spec, package)
+    print(json.dumps(plan, indent=2, sort_keys=True))
+    return 1 if plan["missing"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,179 @@
+"""Which FlashInfer modules a quantized MoE shape loads on SM12x, read from FlashInfer's source
+(payload/probe/kernels_moe.py), never imported.
+
+The real releases: 0.7.1 (previous), 0.7.2 (pinned by lockfiles/sglang-blackwell.lock), 0.7.4 (newest on
+PyPI, 2026-12-03), each its published file from PyPI's simple index, checked against the index's sha256,
+its .py files unpacked. Negative controls: 0.2.14, a real release from before FlashInfer's SM120 fused MoE,
+reported as missing for each role; and doctored copies of the pinned release (a loader gone, a generator
+that takes a shape parameter the probe has no value for).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tarfile
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from imagebuild.common import cache_dir
+from imagebuild.payload.probe import kernels_aot, kernels_moe
+
+RELEASES = {"0.7.1": "previous", "0.7.2": "pinned", "0.7.4": "newest"}
+BEFORE_SM120 = "0.2.14"  # an sdist: PyPI holds no wheel of it
+INDEX = "https://pypi.org/simple/flashinfer-python/"
+
+GLM = {"name": "glm-4.5-nvfp4-tp8", "quantization": "nvfp4", "experts": 160, "top_k": 8,
+       "moe_intermediate_size": 1536, "hidden_size": 5120, "tp": [8], "ep": [1]}
+DENSE_FP4 = {"name": "dense-nvfp4", "quantization": "nvfp4"}
+SPEC = {"archs": ["12.0f"], "shapes": [GLM, DENSE_FP4, {"name": "bf16"}]}
+
+
+def published_file(version: str) -> Path:
+    """FlashInfer `version`'s wheel (else its sdist) from PyPI, sha256-checked, kept in imagebuild's cache."""
+    request = urllib.request.Request(INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        files = json.loads(urllib.request.urlopen(request, timeout=60).read())["files"]
+    except OSError as error:
+        pytest.fail(f"PyPI's simple index cannot be read: {error}")
+    named = [f for f in files if f["filename"].startswith(f"flashinfer_python-{version}-") and
+             f["filename"].endswith(".whl")] or [f for f in files if f["filename"] == f"flashinfer_python-{version}.tar.gz"]
+    assert named, f"PyPI lists no file of flashinfer-python {version}"
+    chosen = named[0]
+    target = cache_dir() / "test-releases" / chosen["filename"]
+    if not target.exists() or hashlib.sha256(target.read_bytes()).hexdigest() != chosen["hashes"]["sha256"]:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with urllib.request.urlopen(chosen["url"], timeout=600) as answer, open(f"{target}.part", "wb") as out:
+            shutil.copyfileobj(answer, out)
+        Path(f"{target}.part").replace(target)
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == chosen["hashes"]["sha256"]
+    return target
+
+
+def unpack_python(archive: Path, folder: Path) -> Path:
+    """The archive's flashinfer/**.py under folder; returns the package folder."""
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as wheel:
+            for name in wheel.namelist():
+                if name.startswith("flashinfer/") and name.endswith(".py"):
+                    wheel.extract(name, folder)
+        return folder / "flashinfer"
+    with tarfile.open(archive) as sdist:
+        members = [m for m in sdist.getmembers() if m.isfile() and m.name.endswith(".py")
+                   and m.name.split("/")[1:2] == ["flashinfer"]]
+        sdist.extractall(folder, members=members, filter="data")
+    return folder / members[0].name.split("/")[0] / "flashinfer"
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flashinfer")
+    return {version: unpack_python(published_file(version), root / version)
+            for version in [*RELEASES, BEFORE_SM120]}
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_each_release_names_the_sm120_moe_and_fp4_generators(releases, version):
+    plan = kernels_moe.moe_plan(SPEC, str(releases[version]))
+    assert plan["missing"] == [] and plan["not_read"] == []
+    found = {m["role"]: m for m in plan["modules"]}
+    assert {role: m["generator"] for role, m in found.items()} == {
+        "fused-moe": "gen_cutlass_fused_moe_sm120_module",
+        "fp4-quantize": "gen_fp4_quantization_sm120f_module",  # the family variant FlashInfer loads with CUDA 13
+        "fp4-gemm": "gen_gemm_sm120_module_cutlass_fp4"}
+    assert found["fused-moe"]["shapes"] == [GLM["name"]]  # a dense FP4 model runs no fused MoE
+    assert found["fp4-gemm"]["shapes"] == [GLM["name"], DENSE_FP4["name"]]
+    # No shape parameter: what decides the module is the target alone, so one module per target.
+    assert [p["name"] for p in found["fused-moe"]["parameters"]] == ["use_fast_build"]
+    assert found["fused-moe"]["loader"]["file"] == "flashinfer/fused_moe/core.py"
+    for module in plan["modules"]:
+        source = (releases[version].parent / module["file"]).read_text().splitlines()
+        assert source[module["line"] - 1].startswith(f"def {module['generator']}(")
+
+
+def test_the_fp4_variant_follows_the_runtime_dispatch_not_the_arch_list(releases):
+    """FlashInfer loads the sm120f FP4 module on any SM120 GPU when torch's CUDA is >= 12.9, whatever the arch
+    list; the generators set their own arch flags, so one module serves both targets."""
+    spec = dict(SPEC, archs=["12.0a", "12.0f"])
+    (quantize,) = [m for m in kernels_moe.moe_plan(spec, str(releases["0.7.2"]))["modules"] if m["role"] == "fp4-quantize"]
+    assert quantize["generator"] == "gen_fp4_quantization_sm120f_module" and quantize["archs"] == ["12.0a", "12.0f"]
+    older = kernels_moe.moe_plan(spec, str(releases["0.7.2"]), family_variants=False)["modules"]
+    assert [m["generator"] for m in older if m["role"] == "fp4-quantize"] == ["gen_fp4_quantization_sm120_module"]
+
+
+def test_a_release_before_the_sm120_moe_generators_is_reported_missing_for_each_role(releases):
+    plan = kernels_moe.moe_plan(SPEC, str(releases[BEFORE_SM120]))
+    assert plan["modules"] == []
+    reasons = {(m["shape"], m["role"]): m["reason"] for m in plan["missing"]}
+    assert set(reasons) == {(GLM["name"], "fused-moe"), (GLM["name"], "fp4-quantize"), (GLM["name"], "fp4-gemm"),
+                            (DENSE_FP4["name"], "fp4-quantize"), (DENSE_FP4["name"], "fp4-gemm")}
+    assert reasons[(GLM["name"], "fused-moe")] == (
+        "get_cutlass_fused_moe_module names no generator for sm_120 "
+        "(it names gen_cutlass_fused_moe_sm100_module, gen_cutlass_fused_moe_sm90_module)")
+    assert reasons[(GLM["name"], "fp4-gemm")] == "this FlashInfer has no get_gemm_sm120_module_cutlass_fp4"
+
+
+@pytest.fixture
+def doctored(releases, tmp_path) -> Path:
+    copy = tmp_path / "flashinfer"
+    shutil.copytree(releases["0.7.2"], copy)
+    return copy
+
+
+def test_a_generator_that_takes_a_shape_parameter_stops_the_plan(doctored):
+    jit = doctored / "jit" / "fused_moe.py"
+    jit.write_text(jit.read_text().replace("def gen_cutlass_fused_moe_sm120_module(use_fast_build: bool = False)",
+                                           "def gen_cutlass_fused_moe_sm120_module(num_experts: int)"))
+    (missing,) = kernels_moe.moe_plan(SPEC, str(doctored))["missing"]
+    assert missing["role"] == "fused-moe" and "takes num_experts, which no [aot] shape field gives" in missing["reason"]
+
+
+def test_a_loader_gone_is_missing_not_a_pass(doctored):
+    core = doctored / "fused_moe" / "core.py"
+    core.write_text(core.read_text().replace("def get_cutlass_fused_moe_module(", "def get_cutlass_moe_module("))
+    (missing,) = kernels_moe.moe_plan(SPEC, str(doctored))["missing"]
+    assert missing["reason"] == "this FlashInfer has no get_cutlass_fused_moe_module"
+
+
+def test_a_quantization_the_probe_does_not_follow_is_listed_not_passed(tmp_path):
+    plan = kernels_moe.moe_plan({"archs": ["12.0f"], "shapes": [{"name": "f8", "quantization": "fp8-block"}]},
+                                str(tmp_path))
+    assert plan["modules"] == [] and plan["not_read"][0]["shape"] == "f8"
+
+
+def test_the_command_line_prints_the_plan_and_fails_on_a_missing_module(releases, tmp_path, capsys):
+    spec = tmp_path / "aot.json"
+    spec.write_text(json.dumps(SPEC))
+    assert kernels_moe.main([str(spec), str(releases["0.7.2"])]) == 0
+    assert len(json.loads(capsys.readouterr().out)["modules"]) == 3
+    assert kernels_moe.main([str(spec), str(releases[BEFORE_SM120])]) == 1
+
+
+@pytest.mark.parametrize("arch, target", [("12.0f", (120, True)), ("12.0a", (120, False)), ("12.1", (121, False)),
+                                          ("9.0a", (90, False))])
+def test_arch_targets(arch, target):
+    assert kernels_moe.arch_target(arch) == target
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=400), st.sampled_from(["def gen_x_sm120_module(a=1):\n", "def get_x(", ""]))
+def test_any_python_file_is_read_or_skipped_never_a_traceback(tmp_path_factory, data, prefix):
+    folder = tmp_path_factory.mktemp("source") / "flashinfer"
+    folder.mkdir()
+    (folder / "a.py").write_bytes(prefix.encode() + data)
+    functions = kernels_moe.index_functions(str(folder))
+    assert kernels_moe.generator_for(functions, "get_x", 120, True).keys() <= {"missing", "generator", "file", "line",
+                                                                               "parameters", "loader"}
+
+
+def test_the_build_step_refuses_a_quantized_shape_rather_than_prove_zero_jit_without_its_kernels(tmp_path):
+    """kernels_aot compiles attention, cascade and sampling only: a quantized shape's MoE and FP4 modules
+    would compile on first use, so the step stops before it imports anything."""
+    with pytest.raises(kernels_aot.AotError, match="glm-4.5-nvfp4-tp8, dense-nvfp4 declare MoE or quantized serving"):
+        kernels_aot.build(SPEC, str(tmp_path / "manifest.json"))
