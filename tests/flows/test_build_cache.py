@@ -9,19 +9,16 @@ import json
 import os
 import re
 import shutil
-import time
 
 import pytest
 import requests
 
-from imagebuild import flows
 from imagebuild.cli.app import main as cli_main
 from imagebuild.engine.buildah import cache_flags as buildah_flags
 from imagebuild.engine.contract import BuildCache
-from imagebuild.engine.docker import DockerEngine, cache_flags as docker_flags
+from imagebuild.engine.docker import cache_flags as docker_flags
 from imagebuild.image.export import BUILDKIT_CACHE_KEY, normalized_config
 from tests import registry_server
-from tests.flows.test_build import _copy_recipe
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 

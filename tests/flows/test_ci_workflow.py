@@ -3,20 +3,9 @@ as written. The workflow run for real is tests/slow/test_ci_workflow.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import stat
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-import requests
 from ruamel.yaml import YAML
-
-from tests import registry_server
-from tests.flows.test_build import _copy_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "build.yml"
@@ -24,8 +13,6 @@ STEPS = ("Registry, credentials and build cache", "Build by lock (smoke-tested b
          "Smoke test the tagged image", "Published")
 USERS = {"ci": "s3cret-pass"}
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-
-pytestmark = pytest.mark.engine
 
 
 def workflow_steps() -> dict[str, dict]:

@@ -3,10 +3,7 @@ in, and its patch still applies (the image itself: tests/slow/test_flagship.py).
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,13 +11,9 @@ import pytest
 from imagebuild import flows
 from imagebuild.knowledge import has_errors, rules
 from imagebuild.errors import FindingsFailed
-from imagebuild.cli.repro import image_kernels
-from imagebuild.image.sbom import build_sbom
-from imagebuild.image.verify import verify_image
 from imagebuild.lock import read_lock
 from imagebuild.lock.patches import check_patches
 from imagebuild.recipe.model import load_recipe
-from imagebuild.render import site_packages
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "sglang-blackwell.toml"

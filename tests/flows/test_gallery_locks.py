@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 
-import pytest
 
 from imagebuild import flows
 from imagebuild.knowledge import has_errors

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 import requests
-from ruamel.yaml import YAML
 
 from tests import registry_server
 from tests.flows.test_build import _copy_recipe
 
-from tests.flows.test_ci_workflow import OCI_MANIFEST, REPO, STEPS, USERS, WORKFLOW, workflow_steps  # noqa: F401
+from tests.flows.test_ci_workflow import OCI_MANIFEST, STEPS, USERS, workflow_steps  # noqa: F401
 
 pytestmark = pytest.mark.engine
 

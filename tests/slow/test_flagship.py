@@ -13,14 +13,12 @@ from pathlib import Path
 import pytest
 
 from imagebuild import flows
-from imagebuild.errors import FindingsFailed
 from imagebuild.cli.repro import image_kernels
 from imagebuild.image.sbom import build_sbom
 from imagebuild.image.verify import verify_image
 from imagebuild.lock import read_lock
-from imagebuild.lock.patches import check_patches
-from imagebuild.recipe.model import load_recipe
 from imagebuild.render import site_packages
+from tests.flows.test_flagship_lock import without_aot
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "sglang-blackwell.toml"

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from imagebuild import flows
-from imagebuild.lock import read_lock
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"

@@ -20,7 +20,6 @@ import pytest
 from imagebuild import flows
 from imagebuild.cli import app as cli
 from imagebuild.engine.docker import DockerEngine
-from imagebuild.errors import EngineUnavailable
 from imagebuild.image import index
 from imagebuild.lock import read_lock
 from tests import registry_server
