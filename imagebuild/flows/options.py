@@ -8,6 +8,7 @@ from pathlib import Path
 
 from imagebuild.common import Progress, quiet
 from imagebuild.engine import BuildCache
+from imagebuild.flows.by_lock import RegistryTarget
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class BuildOptions:
     gpus: bool | None = None  # smoke with GPUs; None: when this machine has them
     tag: str | None = None  # NAME:TAG instead of the recipe's (tests build under names of their own)
     rebuild: bool = False  # build and smoke again even when an image built from this lock is on record
-    registry: object | None = None  # flows.by_lock.RegistryTarget: reuse or push by lock there
+    registry: RegistryTarget | None = None  # reuse or push by lock there
     cache: BuildCache | None = None  # --cache-from / --cache-to
     accept_unknown: bool = False  # smoke checks that end `unknown` do not stop the tag
     progress: Progress = quiet
