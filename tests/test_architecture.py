@@ -115,7 +115,7 @@ def stage_of(module: str, substages: set[str] = SUBSTAGES) -> str:
 # The one payload module whose job is to drive the image's own stack ([aot] builds and loads kernels
 # through FlashInfer's and SGLang's loaders): it may import that stack, inside functions only, so the
 # probe package still imports on a bare interpreter.
-STACK_DRIVERS = {"kernels_aot.py": {"torch", "flashinfer", "sglang"}}
+STACK_DRIVERS = {"kernels_aot.py": {"torch", "flashinfer", "sglang"}, "kernels_moe.py": {"torch"}}
 
 
 def function_import_lines(path: Path) -> set[int]:

@@ -53,8 +53,23 @@ def parse_stats(line: str) -> dict | None:
     seconds = value.get("seconds")
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds >= 0:
         return None
-    return {"compiled": value["compiled"], "reused": value["reused"], "seconds": float(seconds),
-            "jobs": value["jobs"], "step": "ran"}
+    stats = {"compiled": value["compiled"], "reused": value["reused"], "seconds": float(seconds),
+             "jobs": value["jobs"], "step": "ran"}
+    times = _compile_times(value.get("compile_times"))
+    return dict(stats, compile_times=times) if times else stats
+
+
+def _compile_times(value) -> dict:
+    """The step's per-module compile times (kernels_aot.compile_times), the well-formed entries only."""
+    if not isinstance(value, dict):
+        return {}
+    kept = {}
+    for name, entry in value.items():
+        numbers = [entry.get(k) for k in ("objects", "cpu_s", "longest_s")] if isinstance(entry, dict) else [None]
+        if isinstance(name, str) and all(isinstance(n, (int, float)) and not isinstance(n, bool) and n >= 0
+                                         for n in numbers):
+            kept[name] = dict(zip(("objects", "cpu_s", "longest_s"), numbers))
+    return kept
 
 
 class KernelStepWatch:
@@ -81,6 +96,11 @@ def summary(kernels: dict) -> str:
     else:
         text = (f"kernels: {kernels['compiled']} compiled, {kernels['reused']} reused from the kernel cache, "
                 f"{kernels['seconds']:.1f} s compiling ({kernels['jobs']} jobs)")
+        times = kernels.get("compile_times") or {}
+        if times:
+            objects = sum(entry["objects"] for entry in times.values())
+            text += (f"; {objects} objects, {sum(entry['cpu_s'] for entry in times.values()) / 60:.1f} CPU-minutes, "
+                     f"the longest {max(entry['longest_s'] for entry in times.values()):.0f} s")
     seeded = kernels.get("seeded")
     if seeded and seeded.get("added"):
         added = seeded["added"]

@@ -39,11 +39,13 @@ class ServingShape:
     sliding_window: bool = False
     logits_soft_cap: bool = False
     rope: str = "neox"  # SGLang's fused RoPE style; "none" seeds no RoPE kernel
+    rotary_dim: int | None = None  # the dims RoPE rotates (partial RoPE, e.g. GLM-4.5's 64 of 128); None: head_dim
     qk_norm: bool = False  # Qwen3-style per-head q/k RMSNorm
     hidden_size: int | None = None  # seeds SGLang's RMSNorm kernel when given
     prefix_cache: bool = True  # radix-cache hits merge attention states: FlashInfer's cascade module
     sampling: bool = True  # FlashInfer's sampling kernels (SGLang's default sampling backend)
     quantization: str = "none"  # the checkpoint's weights: "nvfp4" (SGLang modelopt_fp4), "fp8-block" (SGLang fp8)
+    fp4_gemm_backend: str = "flashinfer_cutlass"  # SGLang --fp4-gemm-backend for nvfp4 linear layers (aot_moe.py)
     experts: int | None = None  # routed experts of each MoE layer; None: a dense model
     top_k: int | None = None  # experts each token is routed to
     moe_intermediate_size: int | None = None  # one expert's intermediate size, before the TP split
@@ -57,7 +59,7 @@ class ServingShape:
     def to_json(self) -> dict:
         """aot.json's entry; the MoE fields only when they differ from a dense, unquantized shape's."""
         data = dict(asdict(self), tp=list(self.tp), ep=list(self.ep), kv_dtype=self.resolved_kv_dtype)
-        for name, default in MOE_DEFAULTS.items():
+        for name, default in dict(MOE_DEFAULTS, rotary_dim=None).items():
             if data[name] == default:
                 del data[name]
         return data
@@ -86,7 +88,7 @@ class AotSpec:
 
 _AOT_KEYS = ("archs", "sglang", "deep_gemm", "shapes")
 _SHAPE_KEYS = ("name", "head_dim", "q_heads", "kv_heads", "tp", "dtype", "kv_dtype", "sliding_window",
-               "logits_soft_cap", "rope", "qk_norm", "hidden_size", "prefix_cache", "sampling") + MOE_KEYS
+               "logits_soft_cap", "rope", "rotary_dim", "qk_norm", "hidden_size", "prefix_cache", "sampling") + MOE_KEYS
 _SHAPE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _ARCH_ENV = "FLASHINFER_CUDA_ARCH_LIST"
 _ARCH_HINT = "sm_<major><minor>, or major.minor, with an optional a (this GPU only) or f (its family) suffix"
@@ -193,13 +195,16 @@ def _shape(read: RecipeReader, item: dict, key: Key) -> ServingShape:
     if "hidden_size" in item:
         hidden_size = _integer(read, item, key + ("hidden_size",), 16, 65536, multiple=16)
     tp = _tp(read, item, key + ("tp",), q_heads, kv_heads)
+    rotary_dim = None
+    if "rotary_dim" in item:
+        rotary_dim = _integer(read, item, key + ("rotary_dim",), 2, head_dim, multiple=2, example=str(head_dim // 2))
     return ServingShape(
         name=name, head_dim=head_dim, q_heads=q_heads, kv_heads=kv_heads, tp=tp,
         dtype=_choice(read, item, key + ("dtype",), DTYPES, "bfloat16"),
         kv_dtype=_choice(read, item, key + ("kv_dtype",), KV_DTYPES, "auto"),
         sliding_window=_boolean(read, item, key + ("sliding_window",), False),
         logits_soft_cap=_boolean(read, item, key + ("logits_soft_cap",), False),
-        rope=_choice(read, item, key + ("rope",), ROPE_STYLES, "neox"),
+        rope=_choice(read, item, key + ("rope",), ROPE_STYLES, "neox"), rotary_dim=rotary_dim,
         qk_norm=_boolean(read, item, key + ("qk_norm",), False),
         hidden_size=hidden_size,
         prefix_cache=_boolean(read, item, key + ("prefix_cache",), True),

@@ -22,9 +22,13 @@ from imagebuild.recipe.reader import Key, RecipeReader, show, toml_kind
 
 QUANTIZATIONS = ("none", "nvfp4", "fp8-block")
 SGLANG_QUANTIZATION = {"none": None, "nvfp4": "modelopt_fp4", "fp8-block": "fp8"}  # SGLang's --quantization
-MOE_KEYS = ("quantization", "experts", "top_k", "moe_intermediate_size", "ep", "model_config")
-MOE_DEFAULTS = {"quantization": "none", "experts": None, "top_k": None, "moe_intermediate_size": None,
-                "ep": [1], "model_config": None}
+# SGLang's --fp4-gemm-backend for an nvfp4 shape's linear layers: flashinfer_cutlass is what its auto picks on
+# SM120 (fp4_utils.initialize_fp4_gemm_config) and loads FlashInfer's CUTLASS FP4 GEMM; flashinfer_cudnn runs
+# cuDNN's graphs and loads no FlashInfer module for them
+FP4_GEMM_BACKENDS = ("flashinfer_cutlass", "flashinfer_cudnn")
+MOE_KEYS = ("quantization", "fp4_gemm_backend", "experts", "top_k", "moe_intermediate_size", "ep", "model_config")
+MOE_DEFAULTS = {"quantization": "none", "fp4_gemm_backend": "flashinfer_cutlass", "experts": None, "top_k": None,
+                "moe_intermediate_size": None, "ep": [1], "model_config": None}
 _TOGETHER = ("experts", "top_k", "moe_intermediate_size")
 _EXAMPLES = {"experts": "160", "top_k": "8", "moe_intermediate_size": "1536", "hidden_size": "5120"}
 
@@ -89,6 +93,12 @@ def check_moe(read: RecipeReader, item: dict, key: Key, hidden_size: int | None,
     model_config. `integer` and `choice` are aot.py's readers."""
     fields = {"quantization": choice(read, item, key + ("quantization",), QUANTIZATIONS, "none"),
               "model_config": item.get("model_config")}
+    if "fp4_gemm_backend" in item and fields["quantization"] != "nvfp4":
+        raise read.error(key + ("fp4_gemm_backend",), f"fp4_gemm_backend on a shape of quantization "
+                                                      f"{fields['quantization']}: it chooses NVFP4 linear layers' GEMM",
+                         hint='remove it, or set quantization = "nvfp4"')
+    fields["fp4_gemm_backend"] = choice(read, item, key + ("fp4_gemm_backend",), FP4_GEMM_BACKENDS,
+                                        "flashinfer_cutlass")
     given = [name for name in _TOGETHER if name in item]
     if not given:
         if "ep" in item:

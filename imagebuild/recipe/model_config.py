@@ -124,6 +124,10 @@ def parse_model_config(data: bytes) -> ModelDims:
         if values["hidden_size"] % values["q_heads"] == 0:
             values["head_dim"] = values["hidden_size"] // values["q_heads"]
             sources["head_dim"] = "hidden_size / num_attention_heads (no head_dim)"
+    rotary = _rotary_factor(config)
+    if rotary is not None and "head_dim" in values and rotary[0] < 1:
+        values["rotary_dim"] = int(values["head_dim"] * rotary[0])
+        sources["rotary_dim"] = f"{rotary[1]} x head_dim"
     if config.get("quantization_config") is not None:
         values["quantization"], sources["quantization"] = quantization_of(config["quantization_config"])
     return ModelDims(sha256=hashlib.sha256(data).hexdigest(), values=values, sources=sources)
@@ -154,6 +158,20 @@ def quantization_of(section) -> tuple[str, str]:
     raise ModelConfigProblem(f"quant_method {shown} is not one [aot] declares", key="quantization_config.quant_method",
                              hint="[aot] knows nvfp4 (modelopt_fp4, or modelopt with quant_algo NVFP4) and fp8-block "
                                   "(fp8 with weight_block_size); serve another quantization without [aot] kernels")
+
+
+def _rotary_factor(config: dict) -> tuple | None:
+    """(factor, key) of partial RoPE, where SGLang looks (models/glm4_moe.py: rope_scaling's first, then the
+    config's own); None when neither states one. Only what the config states: a model's code may default it."""
+    for key, holder in (("rope_scaling.partial_rotary_factor", config.get("rope_scaling")),
+                        ("partial_rotary_factor", config)):
+        if isinstance(holder, dict) and holder.get("partial_rotary_factor") is not None:
+            value = holder["partial_rotary_factor"]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ModelConfigProblem(f"is {json.dumps(value)[:40]}, not a fraction in (0, 1]", key=key,
+                                         hint="fix the config, or write rotary_dim on the shape without model_config")
+            return float(value), key
+    return None
 
 
 def _text_config(config: dict) -> dict:

@@ -48,15 +48,27 @@ def test_a_step_that_did_not_run_reports_the_kernels_of_the_cached_layer():
     assert "builder cache" in summary(report) and "7 kernels" in summary(report)
 
 
+def test_the_compile_times_of_the_modules_compiled_are_kept_and_said():
+    times = {"fused_moe_120": {"objects": 96, "cpu_s": 5400.0, "longest_s": 301.5},
+             "fp4_quantization_120f": {"objects": 7, "cpu_s": 130.2, "longest_s": 70.0},
+             "broken": {"objects": "96"}, "bad": [1]}
+    report = parse_stats(STATS_MARK + json.dumps(dict(STATS, compile_times=times)))
+    assert report["compile_times"] == {name: times[name] for name in ("fused_moe_120", "fp4_quantization_120f")}
+    assert summary(report).endswith("; 103 objects, 92.2 CPU-minutes, the longest 302 s")
+    assert "compile_times" not in parse_stats(STATS_MARK + json.dumps(dict(STATS, compile_times={"x": {}})))
+
+
 @given(st.text())
 def test_any_line_ends_in_stats_or_none(text):
     for printed in (text, STATS_MARK + text, f"#3 0.2 {STATS_MARK}{text}"):
         result = parse_stats(printed)
-        assert result is None or set(result) == {"compiled", "reused", "seconds", "jobs", "step"}
+        assert result is None or set(result) - {"compile_times"} == {"compiled", "reused", "seconds", "jobs", "step"}
 
 
-@given(st.dictionaries(st.sampled_from(["compiled", "reused", "seconds", "jobs", "x"]),
-                       st.one_of(st.integers(), st.floats(allow_nan=True), st.booleans(), st.none(), st.text())))
+@given(st.dictionaries(st.sampled_from(["compiled", "reused", "seconds", "jobs", "x", "compile_times"]),
+                       st.recursive(st.one_of(st.integers(), st.floats(allow_nan=True), st.booleans(), st.none(),
+                                              st.text()),
+                                    lambda inner: st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)))
 def test_any_json_object_ends_in_stats_or_none(value):
     result = parse_stats(STATS_MARK + json.dumps(value))
     if result is not None:

@@ -107,6 +107,18 @@ def test_the_fp4_variant_follows_the_runtime_dispatch_not_the_arch_list(releases
     assert [m["generator"] for m in older if m["role"] == "fp4-quantize"] == ["gen_fp4_quantization_sm120_module"]
 
 
+@pytest.mark.parametrize("version", RELEASES)
+def test_a_cudnn_fp4_gemm_backend_needs_only_the_fp4_quantization_module(releases, version):
+    """--fp4-gemm-backend flashinfer_cudnn runs the linear layers on cuDNN's graphs: a dense NVFP4 model then
+    loads FlashInfer's FP4 quantization module alone; with experts, the fused MoE too."""
+    cudnn = dict(DENSE_FP4, name="dense-nvfp4-cudnn", fp4_gemm_backend="flashinfer_cudnn")
+    moe = dict(GLM, name="glm-cudnn", fp4_gemm_backend="flashinfer_cudnn")
+    plan = kernels_moe.moe_plan({"archs": ["12.0f"], "shapes": [cudnn, moe]}, str(releases[version]))
+    assert plan["missing"] == []
+    assert {m["role"]: m["shapes"] for m in plan["modules"]} == {
+        "fp4-quantize": ["dense-nvfp4-cudnn", "glm-cudnn"], "fused-moe": ["glm-cudnn"]}
+
+
 def test_a_release_before_the_sm120_moe_generators_is_reported_missing_for_each_role(releases):
     plan = kernels_moe.moe_plan(SPEC, str(releases[BEFORE_SM120]))
     assert plan["modules"] == []
@@ -172,8 +184,18 @@ def test_any_python_file_is_read_or_skipped_never_a_traceback(tmp_path_factory, 
                                                                                "parameters", "loader"}
 
 
-def test_the_build_step_refuses_a_quantized_shape_rather_than_prove_zero_jit_without_its_kernels(tmp_path):
-    """kernels_aot compiles attention, cascade and sampling only: a quantized shape's MoE and FP4 modules
-    would compile on first use, so the step stops before it imports anything."""
-    with pytest.raises(kernels_aot.AotError, match="glm-4.5-nvfp4-tp8, dense-nvfp4 declare MoE or quantized serving"):
-        kernels_aot.build(SPEC, str(tmp_path / "manifest.json"))
+def test_a_quantization_the_reader_does_not_follow_is_a_problem_not_an_empty_load_list(releases):
+    """fp8-block's SGLang path is not read yet: the build step gets a problem naming the shape (and stops with
+    AotError), never zero loads that would let the proof pass on nothing."""
+    shape = dict(GLM, name="glm-fp8", quantization="fp8-block")
+    loads, problems = kernels_moe.quantized_loads(shape, ["12.0f"], str(releases["0.7.2"]))
+    assert loads == [] and len(problems) == 1
+    assert problems[0].startswith("glm-fp8: fp8-block: its SGLang path's kernels are not read")
+
+
+def test_a_loader_missing_from_the_release_is_a_problem_naming_role_and_target(releases):
+    """The negative control on the load list: FlashInfer 0.2.14 has no SM120 FP4 or MoE loaders."""
+    loads, problems = kernels_moe.quantized_loads(dict(GLM), ["12.0f"], str(releases[BEFORE_SM120]), family=True)
+    assert loads == []
+    assert [p.split(":")[0] for p in problems] == [f"glm-4.5-nvfp4-tp8 {role} for 12.0f"
+                                                    for role in ("fused-moe", "fp4-quantize", "fp4-gemm")]

@@ -57,6 +57,7 @@ quantization = "nvfp4"
 experts = 160
 top_k = 8
 moe_intermediate_size = 1536
+rotary_dim = 64
 """
 FROM_CONFIG = HEAD + 'model_config = "glm/config.json"\ntp = [8]\n'
 
@@ -90,7 +91,8 @@ def test_explicit_moe_keys_and_the_glm_config_give_the_same_shape(folder):
     assert read.to_json()["sources"] == {
         "hidden_size": "hidden_size", "moe_intermediate_size": "moe_intermediate_size", "experts": "n_routed_experts",
         "top_k": "num_experts_per_tok", "q_heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
-        "head_dim": "head_dim", "quantization": "quantization_config.quant_method and quant_algo"}
+        "head_dim": "head_dim", "rotary_dim": "partial_rotary_factor x head_dim",
+        "quantization": "quantization_config.quant_method and quant_algo"}
     assert read.shape == "glm-4.5-nvfp4-tp8" and read.file == "glm/config.json" and len(read.dims.sha256) == 64
 
 
@@ -158,6 +160,27 @@ def test_a_multimodal_config_is_read_from_its_text_config():
     assert dims.values["experts"] == 128
 
 
+@pytest.mark.parametrize("config, rotary_dim, source", [
+    ({"head_dim": 128, "partial_rotary_factor": 0.5}, 64, "partial_rotary_factor x head_dim"),
+    ({"head_dim": 128, "partial_rotary_factor": 0.25, "rope_scaling": {"partial_rotary_factor": 0.5}}, 64,
+     "rope_scaling.partial_rotary_factor x head_dim"),  # SGLang's glm4_moe.py reads rope_scaling's first
+    ({"head_dim": 128, "partial_rotary_factor": 1.0}, None, None),  # all of head_dim: the shape's default
+    ({"head_dim": 128}, None, None),  # not stated: a model's code may default it, the config does not say
+])
+def test_partial_rope_is_read_where_sglang_reads_it(config, rotary_dim, source):
+    dims = parse_model_config(json.dumps(config).encode())
+    assert dims.values.get("rotary_dim") == rotary_dim and dims.sources.get("rotary_dim") == source
+
+
+def test_rotary_dim_is_at_most_head_dim_and_reaches_aot_json_only_when_partial(folder):
+    error = error_of(write(folder, EXPLICIT.replace("rotary_dim = 64", "rotary_dim = 192")))
+    assert error.key == "aot.shapes[0].rotary_dim" and "from 2 to 128" in error.reason
+    shape = load_recipe(write(folder, EXPLICIT)).aot.shapes[0]
+    assert shape.to_json()["rotary_dim"] == 64
+    dense = load_recipe(write(folder, EXPLICIT.replace("rotary_dim = 64\n", ""))).aot.shapes[0]
+    assert "rotary_dim" not in dense.to_json()
+
+
 @pytest.mark.parametrize("section, expected", [
     ({"quant_method": "modelopt_fp4"}, "nvfp4"),
     ({"quant_method": "modelopt", "quant_algo": "nvfp4"}, "nvfp4"),
@@ -186,6 +209,9 @@ BAD_CONFIGS = [
      "quantization_config.quant_method"),
     (b'{"quantization_config": {"quant_method": "fp8"}}', "per-tensor FP8", "quantization_config"),
     (b'{"hidden_size": NaN}', "is not JSON", None),
+    (b'{"head_dim": 128, "partial_rotary_factor": 1.5}', "not a fraction in (0, 1]", "partial_rotary_factor"),
+    (b'{"head_dim": 128, "rope_scaling": {"partial_rotary_factor": "half"}}', "not a fraction",
+     "rope_scaling.partial_rotary_factor"),
     (b"\xff\xfe", "is not JSON", None),
 ]
 
@@ -243,6 +269,17 @@ def test_moe_errors_name_file_key_line_and_hint(folder, old, new, key, message, 
     if new and not new.startswith("top_k = 8\nep"):
         assert error.line == line_of(text, new.strip())
     assert error.hint and (hint is None or hint in error.hint), error.hint
+
+
+def test_fp4_gemm_backend_is_for_nvfp4_shapes_and_reaches_aot_json_only_when_not_the_default(folder):
+    error = error_of(write(folder, HEAD + 'head_dim = 128\nq_heads = 32\nkv_heads = 8\n'
+                                          'fp4_gemm_backend = "flashinfer_cudnn"\n'))
+    assert error.key == "aot.shapes[0].fp4_gemm_backend" and "quantization none" in error.reason
+    error = error_of(write(folder, EXPLICIT + 'fp4_gemm_backend = "cudnn"\n'))
+    assert error.key == "aot.shapes[0].fp4_gemm_backend" and "flashinfer_cutlass, flashinfer_cudnn" in str(error)
+    cudnn = load_recipe(write(folder, EXPLICIT + 'fp4_gemm_backend = "flashinfer_cudnn"\n')).aot.shapes[0]
+    assert cudnn.to_json()["fp4_gemm_backend"] == "flashinfer_cudnn"
+    assert "fp4_gemm_backend" not in load_recipe(write(folder, EXPLICIT)).aot.shapes[0].to_json()
 
 
 def test_ep_without_experts_is_an_error(folder):
@@ -333,11 +370,12 @@ def test_a_recipe_whose_config_holds_arbitrary_bytes_loads_or_is_one_recipe_erro
 MOE_DOC_SHAPE = {"quantization": "nvfp4", "experts": 160, "top_k": 8, "moe_intermediate_size": 1536, "ep": [1, 8],
                  "hidden_size": 5120, "tp": [8], "q_heads": 96, "kv_heads": 8, "head_dim": 128}
 MOE_NEAR = st.sampled_from([0, 1, 2, 7, 8, 16, 160, 161, 1536, 4097, -1, "nvfp4", "fp8-block", "8", [], [1], [3],
-                            [16], [1, 8, 8]])
+                            [16], [1, 8, 8], "flashinfer_cudnn"])
 
 
 @PROPERTY
-@given(st.sampled_from(["quantization", "experts", "top_k", "moe_intermediate_size", "ep", "hidden_size", "tp"]),
+@given(st.sampled_from(["quantization", "fp4_gemm_backend", "experts", "top_k", "moe_intermediate_size", "ep",
+                        "hidden_size", "tp", "rotary_dim"]),
        MOE_NEAR | ANY_VALUE, st.booleans(), st.booleans())
 def test_any_value_for_a_moe_key_is_a_shape_or_one_located_error(key, value, sections, multiline):
     doc = copy.deepcopy(AOT_DOC)

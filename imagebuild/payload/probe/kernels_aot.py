@@ -32,10 +32,11 @@ import tempfile
 import time
 
 try:
-    from . import kernel_cache
+    from . import kernel_cache, kernels_moe
     from .waste import elf_sections, fatbin_code
-except ImportError:  # run as a script from a folder holding waste.py and kernel_cache.py too (the [aot] build step)
+except ImportError:  # run as a script from a folder holding waste.py, kernel_cache.py and kernels_moe.py too (the [aot] step)
     import kernel_cache
+    import kernels_moe
     from waste import elf_sections, fatbin_code
 
 MANIFEST_VERSION = 1
@@ -91,8 +92,9 @@ def _tensor_core_decode(shape: dict, q_heads: int, kv_heads: int) -> bool:
     return bool(should_use_tensor_core(_dtype(shape["kv_dtype"]), q_heads, kv_heads))
 
 
-def flashinfer_loads(shape: dict) -> list:
-    """(what, loader, args) for every FlashInfer module the shape makes SGLang's FlashInfer backend load."""
+def flashinfer_loads(shape: dict, archs: list) -> list:
+    """(what, loader, args) for every FlashInfer module the shape makes SGLang load: its FlashInfer attention
+    backend's, and for a quantized shape the FP4 and fused-MoE loaders of each target (kernels_moe.py)."""
     from flashinfer import cascade, decode, prefill, sampling
     from flashinfer.jit.attention import modules
 
@@ -112,7 +114,10 @@ def flashinfer_loads(shape: dict) -> list:
         loads.append(("cascade", cascade.get_cascade_module, []))
     if shape["sampling"]:
         loads.append(("sampling", sampling.get_sampling_module, []))
-    return loads
+    quantized, problems = kernels_moe.quantized_loads(shape, archs)
+    if problems:
+        raise AotError("the installed FlashInfer cannot serve these shapes as SGLang does: " + "; ".join(problems))
+    return loads + [(what, loader, _positional(loader, values)) for what, loader, values in quantized]
 
 
 class _Recorder:
@@ -152,12 +157,12 @@ def _clear_caches(loads) -> None:
             loader.cache_clear()
 
 
-def flashinfer_modules(shapes: list, dry: bool) -> dict:
+def flashinfer_modules(shapes: list, archs: list, dry: bool) -> dict:
     """Module name -> {"shapes": [...], "loads": [...], "spec": JitSpec}: what the loaders asked for (dry: asked,
     never built)."""
     found: dict = {}
     for shape in shapes:
-        loads = flashinfer_loads(shape)
+        loads = flashinfer_loads(shape, archs)
         for what, loader, args in loads:
             _clear_caches([(what, loader, args)])  # a cached loader would not ask again
             with _Recorder(dry) as recorder:
@@ -183,7 +188,8 @@ def sglang_builders(shape: dict) -> list:
     dtype = _dtype(shape["dtype"])
     builders = [("activation", activation.activation_module, (dtype,))]
     if shape["rope"] != "none":
-        builders.append(("rope", rope._jit_fused_rope_module, (shape["rope"] == "neox", shape["head_dim"], dtype, dtype)))
+        builders.append(("rope", rope._jit_fused_rope_module,
+                         (shape["rope"] == "neox", shape.get("rotary_dim") or shape["head_dim"], dtype, dtype)))
     if shape["qk_norm"]:
         builders.append(("qk-norm", norm._jit_qknorm_module, (shape["head_dim"], dtype)))
     if shape.get("hidden_size") and norm._is_supported_rmsnorm_hidden_size(shape["hidden_size"]):
@@ -275,11 +281,36 @@ def compile_flashinfer(specs: list, jobs: int) -> None:
         one.build_and_load()
 
 
+def compile_times(specs: list) -> dict:
+    """Per module compiled, from ninja's log beside its build folder: its objects, their compile seconds summed
+    (one core's time) and the longest one (what no number of cores shortens)."""
+    times: dict = {}
+    for log in sorted({os.path.join(os.path.dirname(os.path.dirname(str(one.jit_library_path))), ".ninja_log")
+                       for one in specs}):
+        try:
+            with open(log, encoding="utf-8", errors="replace") as handle:
+                lines = handle.read().splitlines()
+        except OSError:
+            continue
+        root = os.path.dirname(log) + os.sep
+        for line in lines:
+            fields = line.split("\t")
+            if len(fields) < 4 or not fields[0].isdigit() or not fields[1].isdigit() or not fields[3].endswith(".o"):
+                continue
+            module = fields[3][len(root):].split(os.sep)[0] if fields[3].startswith(root) else fields[3].split("/")[0]
+            seconds = (int(fields[1]) - int(fields[0])) / 1000
+            entry = times.setdefault(module, {"objects": 0, "cpu_s": 0.0, "longest_s": 0.0})
+            entry["objects"] += 1
+            entry["cpu_s"] = round(entry["cpu_s"] + seconds, 1)
+            entry["longest_s"] = max(entry["longest_s"], seconds)
+    return {name: entry for name, entry in times.items() if name in {one.name for one in specs}}
+
+
 def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
     """Every FlashInfer module the shapes need, from the kernel cache or compiled; returns (artifacts, compiled,
-    seconds)."""
+    seconds, compile_times)."""
     from flashinfer.jit import env as flashinfer_env
-    planned = flashinfer_modules(spec["shapes"], dry=True)
+    planned = flashinfer_modules(spec["shapes"], spec["archs"], dry=True)
     generated = str(getattr(flashinfer_env, "FLASHINFER_GEN_SRC_DIR", flashinfer_env.FLASHINFER_WORKSPACE_DIR))
     keys = {name: kernel_cache.flashinfer_key(entry["spec"], build_wide, generated) for name, entry in planned.items()}
     source = {name: cache.find(keys[name], name) for name in planned}
@@ -287,6 +318,7 @@ def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
     started = time.monotonic()
     compile_flashinfer([planned[name]["spec"] for name in missing], jobs)
     seconds = round(time.monotonic() - started, 1) if missing else 0.0  # the compile's wall time, all jobs
+    times = compile_times([planned[name]["spec"] for name in missing])
     for name in missing:
         built = str(planned[name]["spec"].jit_library_path)
         source[name] = cache.store(keys[name], name, built) or built
@@ -299,7 +331,7 @@ def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
         os.replace(target + ".tmp", target)
         artifacts.append(dict(kind="flashinfer", name=name, path=target, shapes=entry["shapes"], loads=entry["loads"],
                               key=keys[name], **describe(target)))
-    return artifacts, len(missing), seconds
+    return artifacts, len(missing), seconds, times
 
 
 # What ninja writes beside SGLang's module: each command's start and end times. SGLang never reads it (a leaf is
@@ -360,12 +392,6 @@ def build(spec: dict, manifest_path: str) -> tuple:
     """Compile (or take from the kernel cache) every module the shapes need, install it where the runtime
     looks, write the manifest. Returns (manifest, stats). The manifest is part of the image and holds only
     what the inputs decide; what this run did (compiled or reused, seconds, jobs) is in stats, for the log."""
-    quantized = [shape["name"] for shape in spec["shapes"]
-                 if shape.get("quantization", "none") != "none" or shape.get("experts") is not None]
-    if quantized:  # kernels_moe.py names their FlashInfer modules; compiling and proving them is not done yet
-        raise AotError(f"shapes {', '.join(quantized)} declare MoE or quantized serving, whose kernels this imagebuild "
-                       "does not prebuild yet: they would compile on first use; remove quantization and the MoE "
-                       "keys to prebuild the attention kernels only")
     from flashinfer.jit import env as flashinfer_env
 
     cuda_home = os.environ["CUDA_HOME"]
@@ -376,7 +402,7 @@ def build(spec: dict, manifest_path: str) -> tuple:
     cache = kernel_cache.KernelCache(os.environ.get("IMAGEBUILD_KERNEL_CACHE") or None)
     jobs = kernel_cache.jobs()
     build_wide = kernel_cache.fingerprint(cuda_home)
-    artifacts, compiled, seconds = build_flashinfer(spec, cache, jobs, build_wide)
+    artifacts, compiled, seconds, times = build_flashinfer(spec, cache, jobs, build_wide)
     namespace = None
     if spec["sglang"]:
         namespace = kernel_cache.sglang_namespace(build_wide)
@@ -391,7 +417,7 @@ def build(spec: dict, manifest_path: str) -> tuple:
     _write_json(manifest_path, manifest)
     stats = {"compiled": compiled, "reused": len(artifacts) - compiled, "seconds": round(seconds, 1), "jobs": jobs,
              "cache": cache.root, "peak_compile_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024,
-             "cache_after": cache.trim(kernel_cache.bound())}
+             "cache_after": cache.trim(kernel_cache.bound()), "compile_times": times}
     return manifest, stats
 
 
@@ -414,7 +440,7 @@ def _write_json(path: str, value) -> None:
 
 def plan(spec: dict) -> dict:
     """The FlashInfer module names the shapes need, asked of the installed FlashInfer without compiling."""
-    modules = flashinfer_modules(spec["shapes"], dry=True)
+    modules = flashinfer_modules(spec["shapes"], spec["archs"], dry=True)
     return {name: {"shapes": entry["shapes"], "loads": entry["loads"]} for name, entry in sorted(modules.items())}
 
 
@@ -423,7 +449,8 @@ def undeclared_shape(shapes: list) -> dict:
     taken = {shape["head_dim"] for shape in shapes}
     head_dim = next(d for d in (64, 256, 96, 192, 128) if d not in taken)
     return dict(shapes[0], name="undeclared", head_dim=head_dim, tp=[shapes[0]["tp"][0]], rope="none",
-                qk_norm=False, hidden_size=None, prefix_cache=False, sampling=False)
+                rotary_dim=None, qk_norm=False, hidden_size=None, prefix_cache=False, sampling=False,
+                quantization="none", experts=None)
 
 
 def mapped_under(folder: str) -> set:
@@ -451,7 +478,7 @@ def prove(spec: dict, manifest: dict) -> dict:
     aot_dir = manifest.get("flashinfer_aot_dir") or ""
     loaded, misses, asked_nothing, mapped = [], [], [], set()
     for shape in spec["shapes"]:
-        for what, loader, args in flashinfer_loads(shape):
+        for what, loader, args in flashinfer_loads(shape, spec["archs"]):
             _clear_caches([(what, loader, args)])
             with _Recorder(dry=False) as recorder:
                 try:
@@ -471,19 +498,16 @@ def prove(spec: dict, manifest: dict) -> dict:
             if error and not recorder.specs:
                 misses.append({"shape": shape["name"], "load": what, "module": None, "error": error})
     control = undeclared_shape(spec["shapes"])
-    loads = flashinfer_loads(control)
-    what, loader, args = loads[0]
+    loads = flashinfer_loads(control, spec["archs"])
     _clear_caches(loads)
-    with _Recorder(dry=False) as recorder:
-        try:
-            loader(*args)
-            control_result = {"missed": False, "error": None}
-        except Exception as caught:
-            control_result = {"missed": type(caught).__name__ == "MissingJITCacheError",
-                              "error": f"{type(caught).__name__}: {str(caught)[:300]}"}
-    control_result.update(shape=control, module=recorder.specs[0].name if recorder.specs else None)
+    control_result = dict(_control(*loads[0]), shape=control)
     result = {"flashinfer": {"loaded": loaded, "misses": misses, "undeclared": control_result,
                              "asked_nothing": asked_nothing, "mapped": sorted(mapped)}}
+    target = kernels_moe.undeclared_target(spec["shapes"], spec["archs"])
+    if target is not None:  # the FP4 and MoE modules take no shape: the control is a GPU no arch declares
+        what, loader, values = target
+        _clear_caches([target])
+        result["flashinfer"]["undeclared_target"] = dict(_control(what, loader, _positional(loader, values)), load=what)
     if spec["sglang"]:
         arch = spec["archs"][0]
         outcomes = run_sglang_builders(spec["shapes"], arch)
@@ -497,6 +521,18 @@ def prove(spec: dict, manifest: dict) -> dict:
             # equal a declared shape's (64 x 2 bytes = 128 x 1 byte), so it is no control.
             "undeclared": [o for o in control_outcome if o[1] == "rope"]}
     return result
+
+
+def _control(what: str, loader, args: list) -> dict:
+    """Load what no one declared, with JIT off: it must miss (FlashInfer's MissingJITCacheError)."""
+    with _Recorder(dry=False) as recorder:
+        try:
+            loader(*args)
+            result = {"missed": False, "error": None}
+        except Exception as caught:
+            result = {"missed": type(caught).__name__ == "MissingJITCacheError",
+                      "error": f"{type(caught).__name__}: {str(caught)[:300]}"}
+    return dict(result, module=recorder.specs[0].name if recorder.specs else None)
 
 
 def main(argv: list) -> int:

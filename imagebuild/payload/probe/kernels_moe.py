@@ -34,7 +34,21 @@ LOADERS = (
     ("fp4-quantize", "get_fp4_quantization_module", "flashinfer.fp4_quantize (sglang modelopt_quant.py)"),
     ("fp4-gemm", "get_gemm_sm{sm}_module_cutlass_fp4", "flashinfer.mm_fp4, backend cutlass (sglang modelopt_quant.py)"),
 )
-ROLES = {"nvfp4": {True: ("fused-moe", "fp4-quantize", "fp4-gemm"), False: ("fp4-quantize", "fp4-gemm")}}
+READ = ("nvfp4",)  # the quantizations whose SGLang path this reader follows
+# SGLang's --fp4-gemm-backend values whose FP4 linear layers load a FlashInfer module (auto on SM12x is
+# flashinfer_cutlass: fp4_utils.initialize_fp4_gemm_config); flashinfer_cudnn runs cuDNN's graphs instead.
+FP4_GEMM_MODULE = {"flashinfer_cutlass": True, "flashinfer_cudnn": False}
+
+
+def roles_of(shape: dict) -> tuple:
+    """The LOADERS roles a shape of a READ quantization reaches: FP4 quantization always, the FP4 GEMM with
+    a CUTLASS FP4 GEMM backend, the fused MoE with experts."""
+    wanted = {"fp4-quantize"}
+    if FP4_GEMM_MODULE[shape.get("fp4_gemm_backend", "flashinfer_cutlass")]:
+        wanted.add("fp4-gemm")
+    if shape.get("experts") is not None:
+        wanted.add("fused-moe")
+    return tuple(role for role, _, _ in LOADERS if role in wanted)
 _SM = re.compile(r"_sm(\d+)(f?)(?=_|$)")
 
 
@@ -150,11 +164,11 @@ def moe_plan(spec: dict, package: str, family_variants: bool = True) -> dict:
         quantization = shape.get("quantization", "none")
         if quantization == "none":
             continue
-        if quantization not in ROLES:
+        if quantization not in READ:
             plan["not_read"].append({"shape": shape["name"], "quantization": quantization,
                                      "why": "its SGLang path's kernels are not read by this probe yet"})
             continue
-        roles = ROLES[quantization][shape.get("experts") is not None]
+        roles = roles_of(shape)
         for arch in spec["archs"]:
             sm, _ = arch_target(arch)
             for role, loader, reached_by in LOADERS:
@@ -173,6 +187,58 @@ def moe_plan(spec: dict, package: str, family_variants: bool = True) -> dict:
                     if value not in seen[key][name]:
                         seen[key][name].append(value)
     return plan
+
+
+# --- on the image's own interpreter: the loaders themselves ------------------------------------------
+
+def family_variants() -> bool:
+    """Whether FlashInfer's SM12x dispatchers take the family variant here: torch's CUDA is 12.9 or newer."""
+    import torch
+    numbers = [int(part) for part in (torch.version.cuda or "0").split(".")[:2] if part.isdigit()]
+    return tuple(numbers) >= (12, 9)
+
+
+def _module_name(file: str) -> str:
+    parts = file[:-3].split("/") if file.endswith(".py") else file.split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def quantized_loads(shape: dict, archs: list, package: str | None = None, family: bool | None = None) -> tuple:
+    """([(what, loader, values)], problems): each FlashInfer loader this quantized shape's SGLang path calls on
+    each target, imported from the file the source reading found it in, with the values FlashInfer's own API
+    passes it (backend: the GPU's sm number as text, as cutlass_fused_moe and fp4_quantize pass it). A shape
+    the reading cannot follow is a problem, never an empty list. package and family: as moe_plan takes them
+    (default: the installed FlashInfer, and torch's CUDA)."""
+    if shape.get("quantization", "none") == "none":
+        return [], []
+    package = package or flashinfer_dir()
+    if package is None:
+        return [], [f"{shape['name']}: flashinfer is not installed for this interpreter"]
+    if family is None:
+        family = shape["quantization"] in READ and family_variants()
+    plan = moe_plan({"archs": archs, "shapes": [shape]}, package, family)
+    problems = [f"{one['shape']} {one['role']} for {one['arch']}: {one['reason']}" for one in plan["missing"]]
+    problems += [f"{one['shape']}: {one['quantization']}: {one['why']}" for one in plan["not_read"]]
+    loads = []
+    for module in plan["modules"]:
+        loader = getattr(importlib.import_module(_module_name(module["loader"]["file"])), module["loader"]["name"])
+        for arch in module["archs"]:
+            sm, _ = arch_target(arch)
+            loads.append((f"{module['role']} sm_{sm}", loader, {"backend": str(sm), "use_fast_build": False}))
+    return loads, problems
+
+
+def undeclared_target(shapes: list, archs: list) -> tuple | None:
+    """The quantized negative control, (what, loader, values): FlashInfer's FP4 quantization loader for a GPU no
+    arch declares (its modules take no shape, so another shape would hit); None without a quantized shape."""
+    quantized = [shape for shape in shapes if shape.get("quantization", "none") in READ]
+    if not quantized:
+        return None
+    taken = {arch_target(arch)[0] for arch in archs}
+    sm = next(number for number in (100, 90, 103) if number not in taken)
+    loads, _ = quantized_loads(quantized[0], archs[:1])
+    fp4 = [loader for what, loader, _ in loads if what.startswith("fp4-quantize")]
+    return (f"fp4-quantize sm_{sm} (undeclared)", fp4[0], {"backend": str(sm)}) if fp4 else None
 
 
 def main(argv: list) -> int:

@@ -199,6 +199,13 @@ def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls
     if not flashinfer["undeclared"]["missed"]:
         problems.append("the undeclared shape did not miss: the proof cannot tell a hit from a compile "
                         f"({flashinfer['undeclared']['error']})")
+    target = flashinfer.get("undeclared_target")
+    quantized = [s["name"] for s in manifest.get("shapes", []) if s.get("quantization", "none") != "none"]
+    if quantized and target is None:
+        problems.append(f"shapes {', '.join(quantized)} are quantized but the proof tried no undeclared GPU target: "
+                        "the FP4 and MoE modules take no shape, so only another target can miss")
+    elif target is not None and not target["missed"]:
+        problems.append(f"the undeclared target {target['load']} did not miss ({target['error']})")
     if sglang:
         if sglang["misses"]:
             problems.append("SGLang missed: " + "; ".join(f"{s} {w}: {e[:200]}" for s, w, e in sglang["misses"]))
@@ -212,5 +219,6 @@ def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls
     detail = (f"{modules} FlashInfer modules loaded from its AOT folder with JIT disabled and nvcc hidden"
               + (f", {len(sglang['hits'])} SGLang builders served by {len(sglang.get('mapped', []))} kernels "
                  f"from its cache for {sglang['arch']}" if sglang else "")
-              + f"; an undeclared shape missed ({flashinfer['undeclared']['module']})")
+              + f"; an undeclared shape missed ({flashinfer['undeclared']['module']})"
+              + (f" and an undeclared target missed ({target['module']})" if target else ""))
     return make_check("zero-jit", PASS, detail, **evidence)
