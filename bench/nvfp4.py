@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""What the gallery's NVFP4 MoE recipe's kernels cost, and what the kernel cache saves (issue 26).
+
+recipes/sglang-blackwell-nvfp4.toml (GLM-4.5 in NVFP4 at TP 8) on this machine, without a GPU:
+- cold: the recipe's context built with its kernel cache mount renamed to an empty one of this run's own,
+  so every kernel compiles (the layers below come from the builder cache when the engine holds them): the
+  step's wall time, and per FlashInfer module the objects, their compile seconds summed (one core's time)
+  and the longest object (ninja's log, kernels_aot.compile_times), from which the wall time on N cores is
+  bounded below by max(sum / N, longest);
+- the manifest: each module's bytes, SASS and the loads that asked for it;
+- the proof: the image's own zero-JIT check (JIT disabled, nvcc hidden), its verdict and detail;
+- warm: the recipe plus one pure-Python pin no kernel imports (six), built on the same mount: the kernel
+  step reruns and takes every module from the kernel cache. Ratio warm / cold.
+The baseline to beat is the one-line uv Dockerfile, which ships none of these: its first request on the GPU
+node compiles the same modules there (the cold figure is that compile, on this machine's cores).
+
+Usage: .venv/bin/python bench/nvfp4.py [RECIPE] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.aot import build_on_mount, manifest_of, moved, private_mount, remove_mount  # noqa: E402
+from imagebuild import flows  # noqa: E402
+from imagebuild.engine.docker import DockerEngine  # noqa: E402
+from imagebuild.render.paths import PROBE_COMMAND  # noqa: E402
+
+CORES = (2, 8, 16, 32, 64)
+
+
+def scaling(times: dict) -> dict:
+    """Lower bounds of the compile's wall time on N cores, from the objects' own compile seconds."""
+    total = sum(entry["cpu_s"] for entry in times.values())
+    longest = max((entry["longest_s"] for entry in times.values()), default=0.0)
+    return {n: max(total / n, longest) for n in CORES}
+
+
+def zero_jit(engine, image: str) -> dict:
+    started = time.monotonic()
+    result = engine.run(image, ["sh", "-c", "exec " + " ".join(PROBE_COMMAND) + " --only zero-jit"], timeout=1800)
+    checks = [c for c in json.loads(result.stdout or "{}").get("checks", []) if c.get("name") == "zero-jit"]
+    if not checks:
+        raise SystemExit(f"the zero-JIT check printed no result (exit {result.exit_code}):\n{result.stderr[-3000:]}")
+    return dict(checks[0], seconds=time.monotonic() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recipe", nargs="?", default=str(REPO / "recipes" / "sglang-blackwell-nvfp4.toml"))
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    recipe = Path(args.recipe).resolve()
+    engine = DockerEngine()
+    mount = private_mount("nvfp4")
+    made, figures = [], {"recipe": recipe.name}
+    with tempfile.TemporaryDirectory(prefix="imagebuild-bench-nvfp4-") as tmp:
+        folder = Path(tmp)
+        try:
+            cold = build_on_mount(engine, recipe, folder / "cold", mount)
+            made.append(cold["image"])
+            kernels = cold["kernels"]
+            times = kernels.get("compile_times") or {}
+            figures["cold"] = {"build_s": cold["seconds"], "kernels": kernels}
+            print(f"recipe {recipe.name}")
+            print(f"  cold kernel step: build {cold['seconds']:.1f} s; {kernels['compiled']} compiled in "
+                  f"{kernels['seconds']:.1f} s with {kernels['jobs']} jobs")
+            for name, entry in sorted(times.items(), key=lambda item: -item[1]["cpu_s"]):
+                print(f"    {name}: {entry['objects']} objects, {entry['cpu_s'] / 60:.1f} CPU-minutes, "
+                      f"longest object {entry['longest_s']:.0f} s")
+            bounds = scaling(times)
+            figures["cores_lower_bound_s"] = bounds
+            print("  wall time on N cores, at least: " + ", ".join(f"{n}: {s / 60:.1f} min" for n, s in bounds.items()))
+            manifest = manifest_of(cold["image"])
+            artifacts = [{k: a.get(k) for k in ("kind", "name", "bytes", "sass", "loads", "target")}
+                         for a in manifest["artifacts"]]
+            figures["artifacts"] = artifacts
+            print(f"  manifest: {len(artifacts)} artifacts, {sum(a['bytes'] for a in artifacts) / 1e6:.1f} MB")
+            for artifact in artifacts:
+                print(f"    {artifact['kind']:10} {artifact['bytes'] / 1e6:8.1f} MB sass={artifact['sass']} "
+                      f"{artifact['name'][:90]}")
+            proof = zero_jit(engine, cold["image"])
+            figures["zero_jit"] = {"status": proof["status"], "detail": proof["detail"], "seconds": proof["seconds"]}
+            print(f"  zero-JIT proof ({proof['seconds']:.0f} s): {proof['status']}: {proof['detail'][:1500]}")
+            library = moved(recipe, folder, "nvfp4-library-move", lambda t: t.replace(
+                'requirements = [\n', 'requirements = [\n  "six==1.17.0",\n', 1).replace(
+                'model_config = "', f'model_config = "{recipe.parent}/'))
+            flows.lock(library)
+            warm = build_on_mount(engine, library, folder / "warm", mount)
+            made.append(warm["image"])
+            figures["warm"] = {"build_s": warm["seconds"], "kernels": warm["kernels"]}
+            print(f"  warm kernel cache, library-only move: build {warm['seconds']:.1f} s = "
+                  f"{warm['seconds'] / cold['seconds']:.2f}x of cold; {warm['kernels']['compiled']} compiled, "
+                  f"{warm['kernels']['reused']} reused, {warm['kernels']['seconds']:.1f} s compiling")
+        finally:
+            for image in made:
+                engine.remove(image)
+            remove_mount(engine, mount)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2, sort_keys=True, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
