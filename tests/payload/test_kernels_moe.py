@@ -97,6 +97,28 @@ def test_each_release_names_the_sm120_moe_and_fp4_generators(releases, version):
         assert source[module["line"] - 1].startswith(f"def {module['generator']}(")
 
 
+@pytest.mark.parametrize("version", RELEASES)
+def test_each_modules_name_is_read_from_the_generator_it_returns_through(releases, version):
+    """The name FlashInfer gives each JitSpec (its cache folder and .so), read through the generator's calls:
+    what doctor looks for in a cache, and what the kernel step's loaders must ask for."""
+    plan = kernels_moe.moe_plan(SPEC, str(releases[version]))
+    assert {m["role"]: m["module"] for m in plan["modules"]} == {
+        "fused-moe": "fused_moe_120", "fp4-quantize": "fp4_quantization_120f", "fp4-gemm": "fp4_gemm_cutlass_sm120"}
+
+
+def test_a_name_not_written_from_literals_is_none_not_a_guess(tmp_path):
+    folder = tmp_path / "flashinfer" / "jit"
+    folder.mkdir(parents=True)
+    (folder / "x.py").write_text(
+        "def gen_a_sm120_module():\n    return gen_b(FLAGS, ARCH)\n"
+        "def gen_b(flags, arch):\n    return gen_jit_spec(f'b_{arch}', [])\n"
+        "def gen_c_sm120_module(n=3):\n    return gen_jit_spec(name_of(n), [])\n"
+        "def gen_d_sm120_module(name=None):\n    return gen_jit_spec(name or 'd_' + '120', [])\n"
+        "def gen_e_sm120_module(name=None):\n    return gen_jit_spec(name or f'e_{120}', [])\n")
+    functions = kernels_moe.index_functions(str(tmp_path / "flashinfer"))
+    assert [kernels_moe.module_name(functions, f"gen_{x}_sm120_module") for x in "acde"] == [None, None, None, "e_120"]
+
+
 def test_the_fp4_variant_follows_the_runtime_dispatch_not_the_arch_list(releases):
     """FlashInfer loads the sm120f FP4 module on any SM120 GPU when torch's CUDA is >= 12.9, whatever the arch
     list; the generators set their own arch flags, so one module serves both targets."""
@@ -181,7 +203,7 @@ def test_any_python_file_is_read_or_skipped_never_a_traceback(tmp_path_factory, 
     (folder / "a.py").write_bytes(prefix.encode() + data)
     functions = kernels_moe.index_functions(str(folder))
     assert kernels_moe.generator_for(functions, "get_x", 120, True).keys() <= {"missing", "generator", "file", "line",
-                                                                               "parameters", "loader"}
+                                                                               "parameters", "loader", "module"}
 
 
 def test_a_quantization_the_reader_does_not_follow_is_a_problem_not_an_empty_load_list(releases):
@@ -199,3 +221,60 @@ def test_a_loader_missing_from_the_release_is_a_problem_naming_role_and_target(r
     assert loads == []
     assert [p.split(":")[0] for p in problems] == [f"glm-4.5-nvfp4-tp8 {role} for 12.0f"
                                                     for role in ("fused-moe", "fp4-quantize", "fp4-gemm")]
+
+
+# --- doctor: which of these kernels a live environment's caches hold ---------------------------------
+
+def doctor_facts(package: Path, cache: Path, caps=("12.0",), arch_list=None) -> dict:
+    """A hand-made environment's facts as the doctor gathers them. The GPUs are stand-ins (no GPU here)."""
+    return {"flashinfer": {"installed": True, "source": str(package / "jit" / "cpp_ext.py"), "arch_list": arch_list},
+            "caches": [{"package": "flashinfer", "path": str(cache)}], "torch": {"cuda": "13.0"},
+            "driver": {"gpus": [{"compute_cap": cap} for cap in caps]}}
+
+
+def cache_module(real_nvcc, cache: Path, name: str, sass=(120,)) -> Path:
+    """A module FlashInfer's JIT wrote into its workspace, as a real nvcc-built library with that SASS."""
+    target = cache / "0.7.2" / "120f" / "cached_ops" / name / f"{name}.so"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(real_nvcc.library("ops-" + "-".join(map(str, sass)), sass), target)
+    return target
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_mock_gpu_doctor_names_each_nvfp4_kernel_the_cache_holds_for_an_sm120_gpu(releases, real_nvcc, tmp_path,
+                                                                                version):
+    from imagebuild.payload.probe.findings_kernels import finding_quantized_kernels
+    cache = tmp_path / "flashinfer-cache"
+    paths = [cache_module(real_nvcc, cache, name) for name in
+             ("fused_moe_120", "fp4_quantization_120f", "fp4_gemm_cutlass_sm120")]
+    found = finding_quantized_kernels(doctor_facts(releases[version], cache))
+    assert found["status"] == "pass", found["detail"]
+    assert found["detail"].startswith("the 3 NVFP4 MoE kernels for 12.0 (this host's GPUs) are cached: ")
+    assert {m["module"]: [f["path"] for f in m["files"]] for m in found["evidence"]["modules"]} == {
+        path.parent.name: [str(path)] for path in paths}
+    assert all(m["files"][0]["sass"] == [120] for m in found["evidence"]["modules"])
+
+
+def test_mock_gpu_a_missing_kernel_and_one_for_another_sm_both_compile_on_first_use(releases, real_nvcc, tmp_path):
+    """The negative controls: no fused MoE at all, and an FP4 GEMM whose file holds SASS for sm_90 only."""
+    from imagebuild.payload.probe.findings_kernels import finding_quantized_kernels
+    cache = tmp_path / "flashinfer-cache"
+    cache_module(real_nvcc, cache, "fp4_quantization_120f")
+    cache_module(real_nvcc, cache, "fp4_gemm_cutlass_sm120", sass=(90,))
+    found = finding_quantized_kernels(doctor_facts(releases["0.7.2"], cache))
+    assert found["status"] == "warn"
+    assert found["detail"] == ("2 of 3 NVFP4 MoE kernels for 12.0 (this host's GPUs) are in no cache and compile on "
+                               "first use: fused-moe fused_moe_120 for sm_120; fp4-gemm fp4_gemm_cutlass_sm120 for sm_120")
+    assert "[aot]" in found["fix"]
+
+
+def test_doctor_without_an_sm12x_target_says_so_and_takes_the_arch_list_when_there_is_no_gpu(releases, tmp_path):
+    from imagebuild.payload.probe.findings_kernels import finding_quantized_kernels
+    empty = tmp_path / "none"
+    assert finding_quantized_kernels(doctor_facts(releases["0.7.2"], empty, caps=("9.0",)))["status"] == "skip"
+    listed = finding_quantized_kernels(doctor_facts(releases["0.7.2"], empty, caps=(), arch_list="9.0a 12.0f"))
+    assert listed["status"] == "warn" and "for 12.0f (FLASHINFER_CUDA_ARCH_LIST)" in listed["detail"]
+    assert "3 of 3" in listed["detail"]
+    old = finding_quantized_kernels(doctor_facts(releases[BEFORE_SM120], empty))
+    assert old["status"] == "warn" and "cannot serve SGLang's NVFP4 path" in old["detail"]
+    assert finding_quantized_kernels({"flashinfer": {"installed": False}})["status"] == "skip"

@@ -22,7 +22,7 @@ from .environments import (STACK_DISTRIBUTIONS, choose_stack, distributions_in, 
                            venv_candidates, venv_facts)
 from .findings_cuda import (CONSUMER_LABELS, CUDA_VERSIONED, finding_consumer, finding_cuda_home_rule,
                             finding_cuda_versions, finding_toolkits)
-from .findings_kernels import finding_deep_gemm_cache, read_manifest
+from .findings_kernels import finding_deep_gemm_cache, finding_quantized_kernels, read_manifest
 from .findings_host import (finding_driver, finding_flashinfer, finding_gpu_arch, finding_jit_cache, finding_python,
                             finding_triton)
 from .gpus import DRIVER_VERSION_FILE, read_driver, torch_facts
@@ -61,6 +61,7 @@ def doctor_findings(facts: dict) -> list:
     findings += [(f"jit-cache:{cache['package']}", lambda facts, cache=cache: finding_jit_cache(cache, facts))
                  for cache in facts["caches"]]
     findings.append(("deep-gemm-cache", lambda facts: finding_deep_gemm_cache(facts, read_manifest())))
+    findings.append(("nvfp4-kernels", finding_quantized_kernels))
     results = []
     for name, run in findings:
         try:

@@ -96,9 +96,14 @@ class SourceIndex:
                     tree = ast.parse(handle.read(), filename=path)
             except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
                 tree = ast.Module(body=[], type_ignores=[])
-            self.parsed[path] = [_definition(node, os.path.relpath(path, self.parent)) for node in tree.body
-                                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            self.parsed[path] = [dict(_definition(node, os.path.relpath(path, self.parent)), node=node)
+                                 for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
         return self.parsed[path]
+
+    def node(self, name: str):
+        """The function's definition (the one under jit/ first, as generator_for reads it), or None."""
+        found = sorted(self.get(name), key=lambda one: "/jit/" not in one["file"])
+        return found[0]["node"] if found else None
 
 
 def index_functions(package: str) -> SourceIndex:
@@ -114,6 +119,67 @@ def _definition(node, file: str) -> dict:
                    for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults)]
     uses = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id.startswith("gen_")})
     return {"name": node.name, "file": file, "line": node.lineno, "parameters": parameters, "uses": uses}
+
+
+def module_name(functions: SourceIndex, generator: str, values: dict | None = None, depth: int = 0) -> str | None:
+    """The module name the generator gives its JitSpec, read from the source: the first argument of the
+    gen_jit_spec call it returns, through at most three gen_* calls that pass literal values down (the SM12x
+    FP4 generators pass their arch as text: gen_fp4_quantization_module(flags, "120f")). None when the name is
+    not written from literals."""
+    node = functions.node(generator)
+    if node is None or depth > 3:
+        return None
+    scope = _defaults(node)
+    scope.update(values or {})
+    for returned in [n.value for n in ast.walk(node) if isinstance(n, ast.Return) and isinstance(n.value, ast.Call)]:
+        callee = returned.func.id if isinstance(returned.func, ast.Name) else getattr(returned.func, "attr", "")
+        if callee == "gen_jit_spec" and returned.args:
+            name = _text(returned.args[0], scope)
+            return name if isinstance(name, str) else None
+        inner = functions.node(callee) if callee.startswith("gen_") else None
+        if inner is not None:
+            names = [a.arg for a in inner.args.posonlyargs + inner.args.args]
+            passed = {name: _text(arg, scope) for name, arg in zip(names, returned.args)}
+            passed.update({k.arg: _text(k.value, scope) for k in returned.keywords if k.arg})
+            found = module_name(functions, callee, {k: v for k, v in passed.items() if v is not _UNKNOWN}, depth + 1)
+            if found:
+                return found
+    return None
+
+
+_UNKNOWN = object()
+
+
+def _defaults(node) -> dict:
+    positional = node.args.posonlyargs + node.args.args
+    pairs = list(zip(positional[len(positional) - len(node.args.defaults):], node.args.defaults))
+    pairs += [(a, d) for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults) if d is not None]
+    scope = {}
+    for argument, default in pairs:
+        if isinstance(default, ast.Constant):
+            scope[argument.arg] = default.value
+    return scope
+
+
+def _text(expr, scope: dict):
+    """A literal string (or None) the expression evaluates to with `scope`'s names; _UNKNOWN otherwise."""
+    if isinstance(expr, ast.Constant) and (expr.value is None or isinstance(expr.value, (str, int))):
+        return expr.value if not isinstance(expr.value, int) or isinstance(expr.value, bool) else str(expr.value)
+    if isinstance(expr, ast.Name):
+        value = scope.get(expr.id, _UNKNOWN)
+        return value if value is None or isinstance(value, str) else _UNKNOWN
+    if isinstance(expr, ast.JoinedStr):
+        parts = [_text(v.value if isinstance(v, ast.FormattedValue) else v, scope) for v in expr.values]
+        return "".join(parts) if all(isinstance(part, str) for part in parts) else _UNKNOWN
+    if isinstance(expr, ast.BoolOp) and isinstance(expr.op, ast.Or):
+        for value in expr.values:
+            found = _text(value, scope)
+            if found is _UNKNOWN:
+                return _UNKNOWN
+            if found:
+                return found
+        return None
+    return _UNKNOWN
 
 
 def arch_target(arch: str) -> tuple[int, bool]:
@@ -147,8 +213,9 @@ def generator_for(functions: SourceIndex, loader: str, sm: int, family: bool) ->
     if required:
         return {"missing": f"{generator} takes {', '.join(required)}, which no [aot] shape field gives: "
                            "this FlashInfer release is not supported yet"}
+    name = module_name(functions, generator)
     return {"generator": generator, "file": definition["file"], "line": definition["line"],
-            "parameters": definition["parameters"],
+            "parameters": definition["parameters"], "module": name,
             "loader": {"name": loader, "file": definitions[0]["file"], "line": definitions[0]["line"]}}
 
 
