@@ -15,7 +15,7 @@ RECIPES = REPO / "recipes"
 
 def test_gallery_locks_hold_no_errors_and_answer_their_findings():
     """Fast: the committed locks of the gallery are fresh and their recipes check clean."""
-    for name in ("vllm-blackwell", "sglang-hopper"):
+    for name in ("vllm-blackwell", "sglang-hopper", "sglang-blackwell-nvfp4"):
         report = flows.check(RECIPES / f"{name}.toml")
         assert not has_errors(report.findings), [f.message for f in report.findings]
         lock = read_lock(REPO / "lockfiles" / f"{name}.lock")
