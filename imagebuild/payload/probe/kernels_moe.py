@@ -289,8 +289,7 @@ def quantized_loads(shape: dict, archs: list, package: str | None = None, family
     loads = []
     for module in plan["modules"]:
         loader = getattr(importlib.import_module(_module_name(module["loader"]["file"])), module["loader"]["name"])
-        for arch in module["archs"]:
-            sm, _ = arch_target(arch)
+        for sm in sorted({arch_target(arch)[0] for arch in module["archs"]}):  # 12.0a and 12.0f: one sm, one load
             loads.append((f"{module['role']} sm_{sm}", loader, {"backend": str(sm), "use_fast_build": False}))
     return loads, problems
 
@@ -302,7 +301,9 @@ def undeclared_target(shapes: list, archs: list) -> tuple | None:
     if not quantized:
         return None
     taken = {arch_target(arch)[0] for arch in archs}
-    sm = next(number for number in (100, 90, 103) if number not in taken)
+    sm = next((number for number in (100, 90, 103, 110, 89) if number not in taken), None)
+    if sm is None:
+        return None
     loads, _ = quantized_loads(quantized[0], archs[:1])
     fp4 = [loader for what, loader, _ in loads if what.startswith("fp4-quantize")]
     return (f"fp4-quantize sm_{sm} (undeclared)", fp4[0], {"backend": str(sm)}) if fp4 else None
