@@ -231,7 +231,23 @@ def check_recipe(recipe: Recipe, glibc: str | None = None) -> list[Finding]:
         findings += [f.at(_base_key(recipe)) for f in check_glibc(glibc, toolkit)]
     for pin in _torch_pins(recipe.python):
         findings += [f.at("python.requirements") for f in check_torch(pin, toolkit)]
-    return findings
+    return findings + check_aot_quantization(recipe)
+
+
+# The quantizations whose kernels the [aot] step reads and prebuilds (payload/probe/kernels_moe.py READ)
+PREBUILT_QUANTIZATIONS = ("none", "nvfp4")
+
+
+def check_aot_quantization(recipe: Recipe) -> list[Finding]:
+    """A shape of a quantization whose kernels the [aot] step does not read yet: its build step would stop."""
+    shapes = recipe.aot.shapes if recipe.aot else ()
+    return [Finding("error", "aot-quantization-not-prebuilt",
+                    f"[aot] shape {shape.name!r} declares quantization {shape.quantization!r}, whose kernels the "
+                    "kernel step does not read yet: the build would stop there",
+                    f"aot.shapes[{index}].quantization = {shape.quantization!r}",
+                    "serve it without [aot] (its kernels compile on first use), or declare an nvfp4 shape",
+                    "imagebuild (docs/zero-jit.md, Limits)").at(f"aot.shapes[{index}].quantization")
+            for index, shape in enumerate(shapes) if shape.quantization not in PREBUILT_QUANTIZATIONS]
 
 
 def gpu_targets(recipe: Recipe) -> list[tuple[str, tuple]]:

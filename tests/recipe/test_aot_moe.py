@@ -386,3 +386,15 @@ def test_any_value_for_a_moe_key_is_a_shape_or_one_located_error(key, value, sec
         shape = result.aot.shapes[0]
         assert shape.top_k <= shape.experts and all(shape.experts % ep == 0 for ep in shape.ep)
         assert all(tp % ep == 0 and shape.moe_intermediate_size % (tp // ep) == 0 for tp in shape.tp for ep in shape.ep)
+
+
+def test_check_stops_a_quantization_whose_kernels_are_not_prebuilt_before_the_build_does(folder):
+    """fp8-block is declared and checked, but the kernel step does not read its kernels: check says so at the
+    shape's key, as an error (a build stops before it starts); nvfp4 and unquantized shapes raise nothing."""
+    from imagebuild.flows.check import check
+    text = EXPLICIT.replace('quantization = "nvfp4"', 'quantization = "fp8-block"')
+    (found,) = [f for f in check(write(folder, text)).findings if f.rule == "aot-quantization-not-prebuilt"]
+    assert found.status.value == "error" and found.key == "aot.shapes[0].quantization"
+    assert found.where.endswith(f":{line_of(text, 'quantization = ')}")
+    assert "'glm-4.5-nvfp4-tp8' declares quantization 'fp8-block'" in found.message
+    assert not [f for f in check(write(folder, EXPLICIT)).findings if f.rule == "aot-quantization-not-prebuilt"]
