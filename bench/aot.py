@@ -48,6 +48,7 @@ from imagebuild.payload.probe.kernels_aot import STATS_MARK  # noqa: E402
 from imagebuild.flows import ca_bundle  # noqa: E402
 from imagebuild.recipe.model import load_recipe  # noqa: E402
 from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, render_context  # noqa: E402
+from imagebuild.render.paths import OWN_STEP  # noqa: E402
 
 DOCKER = os.environ.get("IMAGEBUILD_DOCKER_CLI", "/usr/bin/docker")
 LOAD = ("import json, sys, time; t0 = time.monotonic(); sys.path.insert(0, '/opt/imagebuild/probe.pyz'); "
@@ -87,7 +88,7 @@ def private_mount(name: str) -> tuple[str, str]:
 
 
 def remove_mount(engine, mount: tuple[str, str]) -> None:
-    for found in engine.cache_mounts():
+    for found in engine.cache_mounts(OWN_STEP):
         if f"cached mount {mount[1]} " in found["description"]:
             engine.remove_cache_mount(found["id"])
 
