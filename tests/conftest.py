@@ -121,8 +121,11 @@ def user_image(engine):
         info = engine.inspect(ref)
         made = info is None
         if made:
-            images = engine.client.api.images(quiet=True)
-            assert images, "no image in the engine to stand for the user's"
+            # A tagged image: untagging our name at the end then never removes its last reference, which
+            # Docker refuses (409) while another worker's container runs from it (seen in .ci/run at 6ad6d3f).
+            images = [i["Id"] for i in engine.client.api.images()
+                      if any(t != "<none>:<none>" for t in i.get("RepoTags") or ())]
+            assert images, "no tagged image in the engine to stand for the user's"
             repository, _, tag = ref.rpartition(":")
             engine.client.api.tag(images[0], repository, tag)
             info = engine.inspect(ref)
