@@ -15,7 +15,7 @@ import os
 
 from .deep_gemm import EM_CUDA, parse_cubin_header
 from .gpus import sm_number
-from .kernels_moe import moe_plan
+from .kernels_moe import family_for, moe_plan
 from .report import FAIL, PASS, SKIP, WARN, make_finding, shell_fix
 from .waste import elf_sections, fatbin_code
 
@@ -129,9 +129,8 @@ def finding_quantized_kernels(facts: dict) -> dict:
         return make_finding(name, SKIP, "no SM12x GPU here and FLASHINFER_CUDA_ARCH_LIST names none: the NVFP4 "
                                         "kernels this reads are SM12x's")
     package = os.path.dirname(os.path.dirname(flashinfer["source"]))
-    cuda = [int(p) for p in str((facts.get("torch") or {}).get("cuda") or "0").split(".")[:2] if p.isdigit()]
     plan = moe_plan({"archs": targets, "shapes": [{"name": "nvfp4-moe", "quantization": "nvfp4", "experts": 1}]},
-                    package, family_variants=tuple(cuda) >= (12, 9))
+                    package, family_variants=family_for((facts.get("torch") or {}).get("cuda")))
     if plan["missing"]:
         return make_finding(name, WARN, "this FlashInfer cannot serve SGLang's NVFP4 path on "
                             + ", ".join(f"{m['arch']} ({m['role']}: {m['reason']})" for m in plan["missing"]),

@@ -316,9 +316,10 @@ def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
     source = {name: cache.find(keys[name], name) for name in planned}
     missing = sorted(name for name in planned if source[name] is None)
     started = time.monotonic()
-    compile_flashinfer([planned[name]["spec"] for name in missing], jobs)
+    specs = [planned[name]["spec"] for name in missing]
+    compile_flashinfer(specs, jobs)
     seconds = round(time.monotonic() - started, 1) if missing else 0.0  # the compile's wall time, all jobs
-    times = compile_times([planned[name]["spec"] for name in missing])
+    times = compile_times(specs)
     for name in missing:
         built = str(planned[name]["spec"].jit_library_path)
         source[name] = cache.store(keys[name], name, built) or built

@@ -21,6 +21,7 @@ Standard library only.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import json
 import os
@@ -106,7 +107,9 @@ class SourceIndex:
         return found[0]["node"] if found else None
 
 
+@functools.lru_cache(maxsize=4)
 def index_functions(package: str) -> SourceIndex:
+    """One index per package folder: the build and the proof ask for each shape, and a scan reads every file."""
     return SourceIndex(package)
 
 
@@ -258,11 +261,17 @@ def moe_plan(spec: dict, package: str, family_variants: bool = True) -> dict:
 
 # --- on the image's own interpreter: the loaders themselves ------------------------------------------
 
-def family_variants() -> bool:
-    """Whether FlashInfer's SM12x dispatchers take the family variant here: torch's CUDA is 12.9 or newer."""
-    import torch
-    numbers = [int(part) for part in (torch.version.cuda or "0").split(".")[:2] if part.isdigit()]
+def family_for(torch_cuda: str | None) -> bool:
+    """Whether FlashInfer's SM12x dispatchers take the family variant with a torch built for this CUDA: 12.9 or
+    newer (get_fp4_quantization_module in 0.7.x)."""
+    numbers = [int(part) for part in str(torch_cuda or "0").split(".")[:2] if part.isdigit()]
     return tuple(numbers) >= (12, 9)
+
+
+def family_variants() -> bool:
+    """family_for the installed torch's CUDA."""
+    import torch
+    return family_for(torch.version.cuda)
 
 
 def _module_name(file: str) -> str:
