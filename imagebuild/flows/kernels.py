@@ -56,7 +56,12 @@ def parse_stats(line: str) -> dict | None:
     stats = {"compiled": value["compiled"], "reused": value["reused"], "seconds": float(seconds),
              "jobs": value["jobs"], "step": "ran"}
     times = _compile_times(value.get("compile_times"))
-    return dict(stats, compile_times=times) if times else stats
+    if times:
+        stats["compile_times"] = times
+    resumed = value.get("resumed_objects")
+    if isinstance(resumed, int) and not isinstance(resumed, bool) and resumed > 0:
+        stats["resumed_objects"] = resumed
+    return stats
 
 
 def _compile_times(value) -> dict:
@@ -101,6 +106,8 @@ def summary(kernels: dict) -> str:
             objects = sum(entry["objects"] for entry in times.values())
             text += (f"; {objects} objects, {sum(entry['cpu_s'] for entry in times.values()) / 60:.1f} CPU-minutes, "
                      f"the longest {max(entry['longest_s'] for entry in times.values()):.0f} s")
+        if kernels.get("resumed_objects"):
+            text += f"; {kernels['resumed_objects']} objects came from an interrupted compile of the same kernels"
     seeded = kernels.get("seeded")
     if seeded and seeded.get("added"):
         added = seeded["added"]

@@ -58,14 +58,25 @@ def test_the_compile_times_of_the_modules_compiled_are_kept_and_said():
     assert "compile_times" not in parse_stats(STATS_MARK + json.dumps(dict(STATS, compile_times={"x": {}})))
 
 
+def test_objects_resumed_from_an_interrupted_compile_are_said_and_nonsense_is_dropped():
+    report = parse_stats(STATS_MARK + json.dumps(dict(STATS, resumed_objects=40)))
+    assert report["resumed_objects"] == 40
+    assert summary(report).endswith("; 40 objects came from an interrupted compile of the same kernels")
+    for nonsense in (0, -3, True, "40", 4.5, None):
+        report = parse_stats(STATS_MARK + json.dumps(dict(STATS, resumed_objects=nonsense)))
+        assert "resumed_objects" not in report and "interrupted" not in summary(report)
+
+
 @given(st.text())
 def test_any_line_ends_in_stats_or_none(text):
     for printed in (text, STATS_MARK + text, f"#3 0.2 {STATS_MARK}{text}"):
         result = parse_stats(printed)
-        assert result is None or set(result) - {"compile_times"} == {"compiled", "reused", "seconds", "jobs", "step"}
+        assert result is None or (set(result) - {"compile_times", "resumed_objects"}
+                                  == {"compiled", "reused", "seconds", "jobs", "step"})
 
 
-@given(st.dictionaries(st.sampled_from(["compiled", "reused", "seconds", "jobs", "x", "compile_times"]),
+@given(st.dictionaries(st.sampled_from(["compiled", "reused", "seconds", "jobs", "x", "compile_times",
+                                        "resumed_objects"]),
                        st.recursive(st.one_of(st.integers(), st.floats(allow_nan=True), st.booleans(), st.none(),
                                               st.text()),
                                     lambda inner: st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)))

@@ -7,13 +7,18 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from imagebuild.payload.probe import kernel_cache
+from imagebuild.payload.probe.compile_resume import Resumable, logged_outputs
 from imagebuild.payload.probe.kernel_cache import KernelCache
 
 # Anonymous namespaces are what the module id names: the symbol nvcc makes differ from run to run.
@@ -318,3 +323,145 @@ def test_seed_on_the_command_line_prints_its_counts_on_one_marked_line(tmp_path)
                          capture_output=True, text=True, check=True).stdout
     (line,) = [one for one in out.splitlines() if one.startswith(kernel_cache.SEED_MARK)]
     assert '"flashinfer": 1' in line and '"refused": 1' in line
+
+
+# FlashInfer's rule for a CUDA object (flashinfer/jit/cpp_ext.py): a depfile read into ninja's deps log.
+RESUME_NINJA = """rule cuda_compile
+  command = {nvcc} -c -Xcompiler -fPIC -MD -MF $out.d -gencode=arch=compute_120f,code=sm_120f $in -o $out
+  depfile = $out.d
+  deps = gcc
+rule link
+  command = c++ -shared $in -o $out
+{builds}
+build {ops}/mod/mod.so: link {objects}
+"""
+
+
+def plan_workspace(workspace: Path, nvcc: Path) -> list[str]:
+    """What FlashInfer's planning writes: generated sources and a module's build.ninja, absolute paths, fresh
+    modification times (a new container). Returns the objects."""
+    generated, ops = workspace / "generated", workspace / "cached_ops"
+    (ops / "mod").mkdir(parents=True)
+    generated.mkdir()
+    objects, builds = [], []
+    for index in range(3):
+        (generated / f"k{index}.cu").write_text(SOURCE.replace("scale", f"scale{index}")
+                                                    .replace("shift", f"shift{index}").replace("launch", f"launch{index}"))
+        objects.append(f"{ops}/mod/k{index}.o")
+        builds.append(f"build {objects[-1]}: cuda_compile {generated}/k{index}.cu")
+    (ops / "build.ninja").write_text(RESUME_NINJA.format(nvcc=nvcc, ops=ops, builds="\n".join(builds),
+                                                         objects=" ".join(objects)))
+    return objects
+
+
+def logged_objects(log: Path) -> list[str]:
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [fields[3] for fields in (line.split("\t") for line in lines) if len(fields) > 3 and fields[3].endswith(".o")]
+
+
+def ninja(workspace: Path, env: dict, stop_after_objects: int | None = None) -> list[str]:
+    """Run ninja in the workspace's cached_ops as FlashInfer's build_jit_specs does (-C); with
+    stop_after_objects, kill it once its log holds that many objects (the step interrupted). Returns the
+    outputs this run built."""
+    ops = workspace / "cached_ops"
+    log = ops / ".ninja_log"
+    # Each build step is a new container with its own /tmp: a killed nvcc's temporary files are not seen again
+    # (the same name, given the shim's fixed process id, would make the next nvcc number its files on).
+    env = dict(env, TMPDIR=tempfile.mkdtemp(prefix="container-tmp-", dir=workspace.parent))
+    before = len(log.read_text().splitlines()) if log.exists() else 0
+    process = subprocess.Popen(["ninja", "-j1", "-C", str(ops)], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    if stop_after_objects is None:
+        output = process.communicate(timeout=600)[0].decode(errors="replace")
+        assert process.returncode == 0, output[-3000:]
+    else:
+        deadline = time.monotonic() + 600
+        while len(logged_objects(log)) < stop_after_objects:
+            assert process.poll() is None and time.monotonic() < deadline, "ninja ended before it was interrupted"
+            time.sleep(0.05)
+        os.killpg(process.pid, 9)
+        process.wait()
+    return [line.split("\t")[3] for line in log.read_text().splitlines()[before:] if not line.startswith("#")]
+
+
+@pytest.mark.needs_tool("c++")
+@pytest.mark.needs_tool("ninja")
+def test_an_interrupted_compile_resumes_from_its_finished_objects_to_the_same_bytes(real_nvcc, tmp_path):
+    shim = kernel_cache.build_pid_shim(str(tmp_path / "shim"))
+    env = dict(os.environ, LD_PRELOAD=shim)
+    workspace = tmp_path / "aot-work" / "flashinfer"
+    objects = plan_workspace(workspace, real_nvcc.nvcc)
+    assert sorted(ninja(workspace, env)) == sorted(objects + [f"{workspace}/cached_ops/mod/mod.so"])
+    uninterrupted = (workspace / "cached_ops" / "mod" / "mod.so").read_bytes()
+
+    cache, keys = KernelCache(str(tmp_path / "cache")), ["k" * 64]
+    shutil.rmtree(workspace)
+    plan_workspace(workspace, real_nvcc.nvcc)
+    first = Resumable(cache, str(workspace), keys, interval=0.05).__enter__()
+    assert first.resumed == 0 and not workspace.is_symlink()
+    done = [output for output in ninja(workspace, env, stop_after_objects=1) if output.endswith(".o")]
+    assert 1 <= len(done) < 3  # killed between objects or in one: nvcc's half-written file is not in the log
+    time.sleep(0.5)  # a few of the saver's turns
+    first.abandon()  # the step is killed: no last save, no clean end
+    saved = logged_objects(Path(first.folder) / "cached_ops" / ".ninja_log")
+    assert sorted(saved) == sorted(done)
+    saved_state = tmp_path / "saved"
+    shutil.copytree(first.folder, saved_state)
+
+    shutil.rmtree(workspace)  # the next build's container: the workspace planned again, newer than every object
+    plan_workspace(workspace, real_nvcc.nvcc)
+    with Resumable(KernelCache(cache.root), str(workspace), keys) as second:
+        assert second.resumed == len(done) and second.folder == first.folder
+        rebuilt = ninja(workspace, env)
+        assert not set(done) & set(rebuilt)  # the finished objects are kept
+        assert sorted(rebuilt) == sorted(set(objects) - set(done)) + [f"{workspace}/cached_ops/mod/mod.so"]
+        assert (workspace / "cached_ops" / "mod" / "mod.so").read_bytes() == uninterrupted
+    assert not os.path.exists(first.folder)  # a clean end leaves nothing behind
+
+    # The negative control: the same saved objects, log and deps copied into a workspace planned again, but its
+    # generated sources left as planned (newer than every object): ninja compiles every object again.
+    shutil.rmtree(workspace)
+    plan_workspace(workspace, real_nvcc.nvcc)
+    for relative in [os.path.relpath(o, workspace) for o in done] + ["cached_ops/.ninja_log", "cached_ops/.ninja_deps"]:
+        shutil.copy2(saved_state / relative, workspace / relative)
+    assert len([output for output in ninja(workspace, env) if output.endswith(".o")]) == 3
+
+
+def test_a_failed_compile_keeps_what_it_saved_and_no_cache_keeps_nothing(tmp_path):
+    workspace = tmp_path / "work"
+    (workspace / "cached_ops" / "mod").mkdir(parents=True)
+    (workspace / "cached_ops" / "mod" / "a.o").write_bytes(b"o")
+    (workspace / "cached_ops" / ".ninja_log").write_text(f"# ninja log v5\n0\t9\t1\t{workspace}/cached_ops/mod/a.o\tff\n")
+    cache = KernelCache(str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError):
+        with Resumable(cache, str(workspace), ["a" * 64]) as run:
+            raise RuntimeError("nvcc failed")
+    assert (Path(run.folder) / "cached_ops" / "mod" / "a.o").read_bytes() == b"o"
+    with Resumable(cache, str(workspace), ["a" * 64]) as again:
+        assert again.resumed == 1
+    for nothing in (Resumable(KernelCache(None), str(workspace), ["a" * 64]),
+                    Resumable(cache, str(workspace), []), Resumable(cache, str(workspace), [None])):
+        with nothing as untouched:
+            assert untouched.folder is None and untouched.resumed == 0
+
+
+def test_trim_drops_an_abandoned_partial_compile_but_not_the_one_under_way(tmp_path):
+    root = tmp_path / "cache"
+    for name in ("old", "mine"):
+        (tmp_path / name / "cached_ops").mkdir(parents=True)
+        (tmp_path / name / "cached_ops" / "x.o").write_bytes(b"o" * 1000)
+    abandoned = Resumable(KernelCache(str(root)), str(tmp_path / "old"), ["o" * 64]).__enter__()
+    abandoned.abandon()
+    os.utime(abandoned.folder, (time.time() - 5000, time.time() - 5000))
+    current = KernelCache(str(root))
+    with Resumable(current, str(tmp_path / "mine"), ["m" * 64]) as run:
+        os.utime(run.folder, (time.time() - 9000, time.time() - 9000))
+        assert current.trim(0)["removed"] == 1
+        assert os.path.isdir(run.folder) and not os.path.isdir(abandoned.folder)
+
+
+@given(st.text())
+def test_any_ninja_log_text_gives_its_outputs_or_nothing(tmp_path_factory, text):
+    log = tmp_path_factory.mktemp("log") / ".ninja_log"
+    log.write_bytes(text.encode("utf-8", "surrogatepass"))
+    assert all(isinstance(output, str) for output in logged_outputs(str(log)))

@@ -10,11 +10,15 @@ it is, under sglang/.
 
     ROOT/flashinfer/<key>/<module>.so     one module; entry.json says what it was built from
     ROOT/sglang/                          SGLang's own cache root (SGLANG_JIT_CACHE_DIR)
+    ROOT/partial/<keys>/                  a compile under way: a copy of FlashInfer's workspace (generated
+                                          sources, finished objects, ninja's log and deps)
 
 ROOT is the [aot] step's BuildKit cache mount (MOUNT_ID at MOUNT_DIR): it outlives the layers, so a build whose kernel inputs
 did not change compiles nothing even when a layer below rebuilt. Entries are written to a temporary
 folder and renamed; a hit refreshes its mtime, and `trim` drops the least recently used entries past
-the bound (IMAGEBUILD_KERNEL_CACHE_BYTES, 8 GiB by default). A fresh runner's engine has an empty mount:
+the bound (IMAGEBUILD_KERNEL_CACHE_BYTES, 8 GiB by default). A compile writes its objects into the
+cache as it goes (compile_resume.py), so a step interrupted after hours (a CI job's time limit, an OOM, Ctrl-C)
+starts again from the objects it finished; a clean end removes them. A fresh runner's engine has an empty mount:
 `python kernel_cache.py seed FOLDER ROOT` adds the entries of a folder in the same layout (the kernel layer of
 a registry build cache, imagebuild/flows/kernel_layer.py) that ROOT lacks. Standard library only.
 """
@@ -38,6 +42,7 @@ DEFAULT_BOUND = 8 << 30
 HEADER_DISTRIBUTIONS = ("flashinfer", "nvidia-", "apache-tvm-ffi", "torch")
 # Debian packages of the host toolchain: system headers and the compiler nvcc hands host code to.
 TOOLCHAIN_DEBS = ("gcc", "g++", "cpp", "libstdc++", "libgcc", "libc6-dev", "linux-libc-dev", "binutils")
+PARTIAL = "partial"  # ROOT/partial: compiles under way, resumed by a build of the same keys
 SEED_MARK = "imagebuild-kernel-seed: "  # the seed build's output line: what it added
 PID_SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deterministic_pid.c")
 
@@ -174,12 +179,21 @@ class KernelCache:
             return None
         return os.path.join(self.root, "sglang", namespace) if namespace else os.path.join(self.root, "sglang")
 
+    def partial(self, keys: list) -> str | None:
+        """Where a compile of the modules keyed `keys` keeps what it finished (compile_resume.py), or None."""
+        if not self.root or not keys or not all(keys):
+            return None
+        folder = os.path.join(self.root, PARTIAL, _digest(sorted(keys)))
+        self.used.add(folder)
+        return folder
+
     def trim(self, bound: int) -> dict:
         """Drop least recently used entries (FlashInfer modules, SGLang modules) until the cache fits."""
         if not self.root or not os.path.isdir(self.root):
             return {"bytes": 0, "removed": 0, "bound": bound}
         entries = []
-        for folder, depth in ((os.path.join(self.root, "flashinfer"), 1), (self.sglang_root(), 3)):
+        for folder, depth in ((os.path.join(self.root, "flashinfer"), 1), (self.sglang_root(), 3),
+                              (os.path.join(self.root, PARTIAL), 1)):
             for path in _entries(folder, depth):
                 entries.append((os.path.getmtime(path), _size(path), path))
         total, removed = sum(size for _, size, _ in entries), 0

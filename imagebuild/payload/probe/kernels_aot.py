@@ -32,9 +32,10 @@ import tempfile
 import time
 
 try:
-    from . import kernel_cache, kernels_moe
+    from . import compile_resume, kernel_cache, kernels_moe
     from .waste import elf_sections, fatbin_code
-except ImportError:  # run as a script from a folder holding waste.py, kernel_cache.py and kernels_moe.py too (the [aot] step)
+except ImportError:  # run as a script from a folder holding the modules above too (the [aot] step)
+    import compile_resume
     import kernel_cache
     import kernels_moe
     from waste import elf_sections, fatbin_code
@@ -283,8 +284,9 @@ def compile_flashinfer(specs: list, jobs: int) -> None:
 
 def compile_times(specs: list) -> dict:
     """Per module compiled, from ninja's log beside its build folder: its objects, their compile seconds summed
-    (one core's time) and the longest one (what no number of cores shortens)."""
-    times: dict = {}
+    (one core's time) and the longest one (what no number of cores shortens). A resumed compile's log holds the
+    earlier runs' objects too: the figures are the module's whole compile."""
+    times, seen = {}, {}
     for log in sorted({os.path.join(os.path.dirname(os.path.dirname(str(one.jit_library_path))), ".ninja_log")
                        for one in specs}):
         try:
@@ -293,22 +295,22 @@ def compile_times(specs: list) -> dict:
         except OSError:
             continue
         root = os.path.dirname(log) + os.sep
-        for line in lines:
+        for line in lines:  # a line per command run: an object built again (a resumed compile) counts once, its last
             fields = line.split("\t")
-            if len(fields) < 4 or not fields[0].isdigit() or not fields[1].isdigit() or not fields[3].endswith(".o"):
-                continue
-            module = fields[3][len(root):].split(os.sep)[0] if fields[3].startswith(root) else fields[3].split("/")[0]
-            seconds = (int(fields[1]) - int(fields[0])) / 1000
-            entry = times.setdefault(module, {"objects": 0, "cpu_s": 0.0, "longest_s": 0.0})
-            entry["objects"] += 1
-            entry["cpu_s"] = round(entry["cpu_s"] + seconds, 1)
-            entry["longest_s"] = max(entry["longest_s"], seconds)
+            if len(fields) >= 4 and fields[0].isdigit() and fields[1].isdigit() and fields[3].endswith(".o"):
+                seen[(log, fields[3])] = (root, fields[3], (int(fields[1]) - int(fields[0])) / 1000)
+    for root, output, seconds in seen.values():
+        module = output[len(root):].split(os.sep)[0] if output.startswith(root) else output.split("/")[0]
+        entry = times.setdefault(module, {"objects": 0, "cpu_s": 0.0, "longest_s": 0.0})
+        entry["objects"] += 1
+        entry["cpu_s"] = round(entry["cpu_s"] + seconds, 1)
+        entry["longest_s"] = max(entry["longest_s"], seconds)
     return {name: entry for name, entry in times.items() if name in {one.name for one in specs}}
 
 
 def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
     """Every FlashInfer module the shapes need, from the kernel cache or compiled; returns (artifacts, compiled,
-    seconds, compile_times)."""
+    seconds, compile_times, objects resumed from an interrupted compile)."""
     from flashinfer.jit import env as flashinfer_env
     planned = flashinfer_modules(spec["shapes"], spec["archs"], dry=True)
     generated = str(getattr(flashinfer_env, "FLASHINFER_GEN_SRC_DIR", flashinfer_env.FLASHINFER_WORKSPACE_DIR))
@@ -317,12 +319,14 @@ def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
     missing = sorted(name for name in planned if source[name] is None)
     started = time.monotonic()
     specs = [planned[name]["spec"] for name in missing]
-    compile_flashinfer(specs, jobs)
-    seconds = round(time.monotonic() - started, 1) if missing else 0.0  # the compile's wall time, all jobs
-    times = compile_times(specs)
-    for name in missing:
-        built = str(planned[name]["spec"].jit_library_path)
-        source[name] = cache.store(keys[name], name, built) or built
+    workspace = str(flashinfer_env.FLASHINFER_WORKSPACE_DIR)
+    with compile_resume.Resumable(cache, workspace, [keys[name] for name in missing]) as run:
+        compile_flashinfer(specs, jobs)
+        seconds = round(time.monotonic() - started, 1) if missing else 0.0  # the compile's wall time, all jobs
+        times = compile_times(specs)
+        for name in missing:
+            built = str(planned[name]["spec"].jit_library_path)
+            source[name] = cache.store(keys[name], name, built) or built
     aot_dir = str(flashinfer_env.FLASHINFER_AOT_DIR)
     artifacts = []
     for name, entry in sorted(planned.items()):
@@ -332,7 +336,7 @@ def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
         os.replace(target + ".tmp", target)
         artifacts.append(dict(kind="flashinfer", name=name, path=target, shapes=entry["shapes"], loads=entry["loads"],
                               key=keys[name], **describe(target)))
-    return artifacts, len(missing), seconds, times
+    return artifacts, len(missing), seconds, times, run.resumed
 
 
 # What ninja writes beside SGLang's module: each command's start and end times. SGLang never reads it (a leaf is
@@ -403,7 +407,7 @@ def build(spec: dict, manifest_path: str) -> tuple:
     cache = kernel_cache.KernelCache(os.environ.get("IMAGEBUILD_KERNEL_CACHE") or None)
     jobs = kernel_cache.jobs()
     build_wide = kernel_cache.fingerprint(cuda_home)
-    artifacts, compiled, seconds, times = build_flashinfer(spec, cache, jobs, build_wide)
+    artifacts, compiled, seconds, times, resumed = build_flashinfer(spec, cache, jobs, build_wide)
     namespace = None
     if spec["sglang"]:
         namespace = kernel_cache.sglang_namespace(build_wide)
@@ -418,7 +422,8 @@ def build(spec: dict, manifest_path: str) -> tuple:
     _write_json(manifest_path, manifest)
     stats = {"compiled": compiled, "reused": len(artifacts) - compiled, "seconds": round(seconds, 1), "jobs": jobs,
              "cache": cache.root, "peak_compile_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024,
-             "cache_after": cache.trim(kernel_cache.bound()), "compile_times": times}
+             "cache_after": cache.trim(kernel_cache.bound()), "compile_times": times,
+             "resumed_objects": resumed}
     return manifest, stats
 
 
