@@ -93,15 +93,16 @@ def remove_mount(engine, mount: tuple[str, str]) -> None:
             engine.remove_cache_mount(found["id"])
 
 
-def build_on_mount(engine, recipe_path: Path, folder: Path, mount: tuple[str, str]) -> dict:
-    """The recipe's context (its lock as it is), its kernel cache mount renamed to `mount`."""
+def build_on_mount(engine, recipe_path: Path, folder: Path, mount: tuple[str, str], progress=None) -> dict:
+    """The recipe's context (its lock as it is), its kernel cache mount renamed to `mount`; `progress` sees
+    each line of the build."""
     recipe, lock_path = load_recipe(recipe_path), default_lock_path(load_recipe(recipe_path))
     context = render_context(read_lock(lock_path), recipe, folder / "context", uv_path=uv_binary(),
                              lock_text=lock_path.read_text())
     dockerfile = context / "Dockerfile"
     dockerfile.write_text(dockerfile.read_text().replace(f"id={KERNEL_CACHE_ID},", f"id={mount[0]},")
                           .replace(KERNEL_CACHE_DIR, mount[1]))
-    watch = KernelStepWatch(lambda _: None)
+    watch = KernelStepWatch(progress or (lambda _: None))
     bundle = ca_bundle()
     started = time.monotonic()
     image_id = engine.build(context, secrets={"ca": bundle} if bundle else {}, progress=watch)
