@@ -65,7 +65,8 @@ def print_findings(console: Console, findings: Iterable) -> None:
             console.print(line(("  at: ", "dim"), (literal(f.where), "dim"), ("  [", "dim"), (literal(f.key), "dim"),
                                ("]", "dim")))
         for label, value in (("evidence", f.evidence), ("fix", f.fix), ("source", f.source)):
-            console.print(line((f"  {label}: ", "dim"), (literal(value), "dim")))
+            if value:  # a note needs no fix: no empty "fix:" line
+                console.print(line((f"  {label}: ", "dim"), (literal(value), "dim")))
 
 
 _MARKS = {"pass": ("pass", "green"), "fail": ("FAIL", "red"), "skip": ("skip", "dim"), "warn": ("warn", "yellow"),

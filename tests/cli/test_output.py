@@ -63,8 +63,14 @@ def test_recipe_errors_keep_the_key_path_and_the_file(folder, key, line):
 def test_findings_print_every_field_literally(severity, rule, message, evidence, fix, source):
     finding = Finding(severity, rule, message, evidence, fix, source)
     assert render(output.print_findings, [finding]) == (
-        f"{severity} {literal(rule)}: {literal(message)}\n  evidence: {literal(evidence)}\n"
-        f"  fix: {literal(fix)}\n  source: {literal(source)}\n")
+        f"{severity} {literal(rule)}: {literal(message)}\n" + "".join(
+            f"  {label}: {literal(value)}\n" for label, value in (("evidence", evidence), ("fix", fix), ("source", source))
+            if value))
+
+
+def test_a_note_without_a_fix_prints_no_empty_fix_line():
+    text = render(output.print_findings, [Finding("note", "aot-model-config", "read", "config.json", "", "the model")])
+    assert text == "note aot-model-config: read\n  evidence: config.json\n  source: the model\n"
 
 
 @settings(max_examples=200)
