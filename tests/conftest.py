@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from tests import engine_daemon
+from tests import engine_daemon, timeline
 
 # No per-example deadline: a property must hold, not run fast (a loaded CI machine is not a failure).
 settings.register_profile("imagebuild", deadline=None)
@@ -32,6 +32,11 @@ def missing_tool(*tools: str, package: str = "") -> None:
 # The files that take longest (docs/ci.md, "where the minutes go"), started first: with two workers each
 # taking whole files (scripts/host.sh), a long file that starts last is a tail nobody shares.
 LONGEST_FIRST = ("tests/slow/test_flagship.py", "tests/slow/test_zero_jit_releases.py", "tests/slow/test_gallery.py")
+
+
+def pytest_configure(config):
+    if os.environ.get(timeline.ENV):  # .ci/run sets it: where the run's minutes went, per worker
+        config.pluginmanager.register(timeline, "imagebuild-timeline")
 
 
 def pytest_collection_modifyitems(config, items):
