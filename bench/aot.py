@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from imagebuild import flows  # noqa: E402
+from imagebuild.bootstrap import ensure_base_image  # noqa: E402
 from imagebuild.engine.docker import DockerEngine  # noqa: E402
 from imagebuild.flows.kernels import KernelStepWatch  # noqa: E402
 from imagebuild.lock import default_lock_path, read_lock, uv_binary  # noqa: E402
@@ -97,7 +98,9 @@ def build_on_mount(engine, recipe_path: Path, folder: Path, mount: tuple[str, st
     """The recipe's context (its lock as it is), its kernel cache mount renamed to `mount`; `progress` sees
     each line of the build."""
     recipe, lock_path = load_recipe(recipe_path), default_lock_path(load_recipe(recipe_path))
-    context = render_context(read_lock(lock_path), recipe, folder / "context", uv_path=uv_binary(),
+    lock = read_lock(lock_path)
+    ensure_base_image(lock.base, recipe.base, engine, progress or (lambda _: None))  # a fresh engine holds none
+    context = render_context(lock, recipe, folder / "context", uv_path=uv_binary(),
                              lock_text=lock_path.read_text())
     dockerfile = context / "Dockerfile"
     dockerfile.write_text(dockerfile.read_text().replace(f"id={KERNEL_CACHE_ID},", f"id={mount[0]},")

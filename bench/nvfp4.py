@@ -19,7 +19,9 @@ until a run completes: a run stopped part-way (Ctrl-C, a session's end) leaves t
 (compile_resume.py), and the next run with the same NAME resumes from them. Its per-module figures then come
 from ninja's log of all the runs (each object once), and its step seconds are that run's alone: it says so.
 
-Usage: .venv/bin/python bench/nvfp4.py [RECIPE] [--json FILE] [--mount NAME]
+--progress prints the builds' lines to stderr as they come (ninja's [N/M] counts among them).
+
+Usage: .venv/bin/python bench/nvfp4.py [RECIPE] [--json FILE] [--mount NAME] [--progress]
 """
 
 from __future__ import annotations
@@ -69,15 +71,17 @@ def main() -> None:
     parser.add_argument("recipe", nargs="?", default=str(REPO / "recipes" / "sglang-blackwell-nvfp4.toml"))
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--mount", help="a kernel cache mount kept across runs until one completes")
+    parser.add_argument("--progress", action="store_true", help="print the builds' lines to stderr")
     args = parser.parse_args()
     recipe = Path(args.recipe).resolve()
     engine = DockerEngine()
     mount = kept_mount(args.mount) if args.mount else private_mount("nvfp4")
+    progress = (lambda line: print(line, file=sys.stderr, flush=True)) if args.progress else None
     made, figures, completed = [], {"recipe": recipe.name}, False
     with tempfile.TemporaryDirectory(prefix="imagebuild-bench-nvfp4-") as tmp:
         folder = Path(tmp)
         try:
-            cold = build_on_mount(engine, recipe, folder / "cold", mount)
+            cold = build_on_mount(engine, recipe, folder / "cold", mount, progress)
             made.append(cold["image"])
             kernels = cold["kernels"]
             times = kernels.get("compile_times") or {}
@@ -109,7 +113,7 @@ def main() -> None:
                 'requirements = [\n', 'requirements = [\n  "six==1.17.0",\n', 1).replace(
                 'model_config = "', f'model_config = "{recipe.parent}/'))
             flows.lock(library)
-            warm = build_on_mount(engine, library, folder / "warm", mount)
+            warm = build_on_mount(engine, library, folder / "warm", mount, progress)
             made.append(warm["image"])
             figures["warm"] = {"build_s": warm["seconds"], "kernels": warm["kernels"]}
             print(f"  warm kernel cache, library-only move: build {warm['seconds']:.1f} s = "
