@@ -151,7 +151,8 @@ def fresh_runner(engine, image: str, library: Path, folder: Path, base_s: float)
 
 def moved(recipe_path: Path, folder: Path, name: str, edit) -> Path:
     """The recipe edited, named for the bench, with this run's own value in [env] (below the kernel step), so an
-    engine that built the same move before cannot take the step from its builder cache: the step runs."""
+    engine that built the same move before cannot take the step from its builder cache: the step runs. The
+    recipe's lock goes beside it, so its relock keeps every locked version the edit allows: the move is the edit."""
     text = edit(recipe_path.read_text())
     if "\n[env]\n" in text:
         text = text.replace("\n[env]\n", f'\n[env]\nIMAGEBUILD_BENCH_RUN = "{os.getpid()}"\n', 1)
@@ -160,6 +161,10 @@ def moved(recipe_path: Path, folder: Path, name: str, edit) -> Path:
     path = folder / "recipes" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+    source_lock = default_lock_path(load_recipe(recipe_path))
+    if source_lock.exists():
+        (folder / "lockfiles").mkdir(exist_ok=True)
+        (folder / "lockfiles" / f"{name}.lock").write_bytes(source_lock.read_bytes())
     return path
 
 

@@ -19,7 +19,7 @@ from imagebuild import __version__, flows
 from imagebuild.cli.examples import HelpFormatter, epilog
 from imagebuild.cli.options import engine_option
 from imagebuild.cli.output import (Progress, line, make_console, print_base_moves, print_error, print_findings,
-                                   print_patch_results, print_smoke)
+                                   print_package_moves, print_patch_results, print_smoke)
 from imagebuild.engine.contract import BuildCache
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildError, SmokeFailed
 from imagebuild.flows.kernels import summary as kernel_summary
@@ -98,6 +98,9 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
     cmd.add_argument("--upgrade-base", action="store_true",
                      help="move the Debian base to its suites' current state (security fixes included), "
                           "keeping every Python pin, and print what moved")
+    cmd.add_argument("--upgrade", action="store_true",
+                     help="resolve every Python package afresh (within exclude_newer) instead of keeping the "
+                          "old lock's versions where the recipe still allows them, and print what moved")
     cmd.add_argument("--upgrade-package", action="append", default=[], type=upgrade_spec, metavar="NAME[==VERSION]",
                      help="move this [python].requirements pin in the recipe in place (no version: the newest "
                           "that resolves with the rest), relock, and print the lock diff (repeatable)")
@@ -178,6 +181,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         if args.upgrade_base:
             raise ImagebuildError("--upgrade-package and --upgrade-base: move the pins and the base in two locks, "
                                   "so each diff says what one move did")
+        if args.upgrade:
+            raise ImagebuildError("--upgrade-package and --upgrade: --upgrade already moves every package; "
+                                  "give one of them")
         with progress.spinning("moving pins"):
             report, diff, moved = flows.upgrade_packages(args.recipe, args.upgrade_package, lock_path=args.lock,
                                                              progress=progress)
@@ -196,12 +202,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.command == "lock":
         with progress.spinning("locking"):
             report = flows.lock(args.recipe, lock_path=args.lock, upgrade_base=args.upgrade_base,
-                                    progress=progress)
+                                    upgrade=args.upgrade, progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())
         else:
             print_findings(out, report.findings)
             print_base_moves(out, report.base_moves, asked=args.upgrade_base)
+            print_package_moves(out, report.package_moves, asked=args.upgrade)
             for name, entry in (report.platforms or {}).items():
                 out.print(line(f"  {name}: {entry['packages']} wheels for ", entry["python_platform"]))
             print_lock_summary(out, report)

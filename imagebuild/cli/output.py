@@ -105,6 +105,16 @@ def print_base_moves(console: Console, moves: list, *, asked: bool) -> None:
                            ("  from ", "dim"), (literal(move.get("suite")), "dim")))
 
 
+def print_package_moves(console: Console, moves: list, *, asked: bool) -> None:
+    """Python versions that moved from the old lock, one a line; said also when `--upgrade` moved none."""
+    if asked and not moves:
+        console.print(line(("python: nothing moved", "green"), " (every locked version is still the newest allowed)"))
+    for move in moves:
+        arch = f"linux/{move['arch']}: " if move.get("arch") else ""
+        old, new = move.get("old") or "(not locked)", move.get("new") or "(removed)"
+        console.print(line(("python: ", "cyan"), arch, str(move["name"]), " ", str(old), " -> ", str(new)))
+
+
 def print_doctor(console: Console, report) -> None:
     """doctor's report: the target, then each finding with its fix, then the verdict."""
     host = report.host

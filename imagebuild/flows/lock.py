@@ -33,31 +33,38 @@ from imagebuild.recipe.reader import read_source
 
 
 def lock(recipe_path: str | Path, *, lock_path: Path | None = None, upgrade_base: bool = False,
-         progress: Progress = quiet) -> LockReport:
+         upgrade: bool = False, progress: Progress = quiet) -> LockReport:
     """Resolve every platform of the recipe into its lock. A base already locked for what the recipe asks
     of it is kept as it is; `upgrade_base` moves it to its suites' current state (and keeps the Python pins
-    of a fresh lock), and the report says what moved. A package with no wheel for a platform stops the
+    of a fresh lock), and the report says what moved. The old lock's Python versions are kept wherever
+    the recipe still allows them (as uv and pip-compile keep an output file's pins), unless `upgrade`;
+    the report lists each package whose version moved. A package with no wheel for a platform stops the
     lock, naming the package and the platform."""
     started = time.monotonic()
     recipe = load_recipe(recipe_path)
     findings = recipe_findings(recipe)
     path = Path(lock_path) if lock_path else default_lock_path(recipe)
     old = existing_locks(path)
-    locks, found, moves = {}, {}, []
+    locks, found, moves, package_moves = {}, {}, [], []
     for arch, one in each_platform(recipe).items():
         if recipe.platforms:
             progress(f"{platform_name(arch)}: locking")
-        locks[arch], found[arch] = resolved(one, progress, old=old.get(arch), upgrade_base=upgrade_base)
+        locks[arch], found[arch] = resolved(one, progress, old=old.get(arch), upgrade_base=upgrade_base,
+                                            upgrade=upgrade)
         if arch in old and old[arch].base.kind == "debian":
             moves += [{**move, "arch": arch} if recipe.platforms else move
                       for move in base_moves(old[arch].base, locks[arch].base)]
+        if arch in old:
+            package_moves += [{**move, "arch": arch} if recipe.platforms else move
+                              for move in version_moves(old[arch].packages, locks[arch].packages)]
     findings = merged(findings, across_platforms(found))
     stop_on_errors(findings, recipe)
     new = PlatformLocks(recipe=recipe.stem, recipe_sha256=recipe_sha256(recipe), locks=locks) \
         if recipe.platforms else next(iter(locks.values()))
     changed = store_lock(new, path)
     report = LockReport(str(recipe.path), str(path), changed, sum(len(one.wheels) for one in locks.values()),
-                        time.monotonic() - started, located(recipe, findings), new.sha256, base_moves=moves)
+                        time.monotonic() - started, located(recipe, findings), new.sha256, base_moves=moves,
+                        package_moves=package_moves)
     if recipe.platforms:
         report.platforms = {platform_name(arch): {"packages": len(one.wheels), "lock_sha256": one.sha256,
                                                   "python_platform": one.python_platform}
@@ -75,19 +82,29 @@ def existing_locks(path: Path) -> dict[str, Lock]:
     return {locks.base.arch: locks} if isinstance(locks, Lock) else dict(locks.locks)
 
 
+def version_moves(old: dict[str, str], new: dict[str, str]) -> list[dict]:
+    """Each package whose locked version moved, came or went: name, old, new (None where absent)."""
+    return [{"name": name, "old": old.get(name), "new": new.get(name)}
+            for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+
+
 def resolved(recipe: Recipe, progress: Progress = quiet, *, old: Lock | None = None,
-             upgrade_base: bool = False) -> tuple[Lock, list]:
+             upgrade_base: bool = False, upgrade: bool = False,
+             upgrade_names: tuple[str, ...] = ()) -> tuple[Lock, list]:
     """One platform's recipe resolved into a Lock, with what the resolve and the locked wheels say
     against the rules (not yet judged). The old lock's base is kept unless the recipe asks another or
-    `upgrade_base`; moving only the base of a fresh lock keeps its wheels as they are."""
+    `upgrade_base`; moving only the base of a fresh lock keeps its wheels as they are. The old lock's
+    versions are preferred unless `upgrade` (all) or `upgrade_names` (those)."""
     base = identify(recipe.base, old.base if old is not None else None, upgrade=upgrade_base, progress=progress)
     if (upgrade_base and old is not None and not stale_reasons(old, recipe)
             and (base.python, base.glibc) == (old.base.python, old.base.glibc)):
         progress(f"keeping the {len(old.wheels)} locked wheels: only the base moves")
         return replace(old, base=base), []
+    prefer = dict(old.packages) if old is not None and not upgrade else None
     progress(f"resolving {len(recipe.python.requirements)} requirements for Python {base.python} "
-             f"on {base.uv_platform}")
-    new = resolve_lock(recipe, base)
+             f"on {base.uv_platform}" + (f", keeping the {len(prefer)} locked versions where they still fit"
+                                         if prefer else ""))
+    new = resolve_lock(recipe, base, prefer=prefer, upgrade=upgrade_names)
     findings = rules.check_resolved(recipe, new.packages, base.glibc)
     found, layout = artifact_findings(recipe, new, progress)
     if layout:
@@ -146,7 +163,7 @@ def upgrade_packages(recipe_path: str | Path, upgrades: list[tuple[str, str | No
             loose = parse_recipe(set_pin(text, recipe.path, name, None), recipe.path)
             arch, one = next(iter(each_platform(loose).items()))
             progress(f"{name}: finding the newest release that resolves with the rest of {recipe.path.name}")
-            found, _ = resolved(one, progress, old=old.get(arch))
+            found, _ = resolved(one, progress, old=old.get(arch), upgrade_names=(name,))
             version = found.packages[name]
         text = set_pin(text, recipe.path, name, version)
         moved.append({"name": name, "old": was, "new": version})

@@ -32,12 +32,13 @@ class LockReport:
     lock_sha256: str = ""
     platforms: dict | None = None  # a multi-platform lock: linux/<arch> -> its packages and lock_sha256
     base_moves: list = field(default_factory=list)  # what moved in the base: package, old, new, suite (and arch)
+    package_moves: list = field(default_factory=list)  # Python versions that moved from the old lock: name, old, new
 
     def to_dict(self) -> dict:
         return {"recipe": self.recipe, "lock": self.lock_path, "changed": self.changed,
                 "packages": self.packages, "seconds": round(self.seconds, 2),
                 "lock_sha256": self.lock_sha256, "findings": [f.to_dict() for f in self.findings],
-                "base_moves": self.base_moves,
+                "base_moves": self.base_moves, "package_moves": self.package_moves,
                 **({"platforms": self.platforms} if self.platforms else {})}
 
 

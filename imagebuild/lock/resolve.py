@@ -91,9 +91,28 @@ def uv_version(uv: str) -> str:
     return " ".join(out.stdout.split()[:2]) or "uv (unknown version)"
 
 
-def compile_command(recipe: Recipe, base: BaseIdentity, workdir: Path, uv: str) -> list[str]:
-    """The `uv pip compile` call: the base's Python and glibc, never the host's."""
+def preferences_pylock(prefer: dict[str, str]) -> str:
+    """The versions a relock keeps, as the output file uv reads them from before resolving (pip-compile's
+    way: an existing output's pins are preferred where they still fit, and moved only where they don't)."""
+    lines = ['lock-version = "1.0"', 'created-by = "imagebuild"']
+    for name, version in sorted(prefer.items()):
+        lines += ["", "[[packages]]", f"name = {toml_string(name)}", f"version = {toml_string(version)}"]
+    return "\n".join(lines) + "\n"
+
+
+def toml_string(text: str) -> str:
+    """A TOML basic string: quote and backslash escaped, control characters as \\uXXXX."""
+    return '"' + "".join("\\" + ch if ch in '"\\' else f"\\u{ord(ch):04x}" if ord(ch) < 0x20 or ch == "\x7f"
+                         else ch for ch in text) + '"'
+
+
+def compile_command(recipe: Recipe, base: BaseIdentity, workdir: Path, uv: str, *,
+                    prefer: dict[str, str] | None = None, upgrade: tuple[str, ...] = ()) -> list[str]:
+    """The `uv pip compile` call: the base's Python and glibc, never the host's. `prefer`: versions kept
+    where they still resolve (a relock's old lock); `upgrade`: names whose preference is dropped."""
     (workdir / "requirements.in").write_text("\n".join(recipe.python.requirements) + "\n")
+    if prefer:
+        (workdir / "pylock.toml").write_text(preferences_pylock(prefer))
     (workdir / "constraints.txt").write_text("\n".join(recipe.python.constraints) + "\n")
     (workdir / "overrides.txt").write_text(
         "".join(f"{name} ; {_NEVER}\n" for name in recipe.python.exclude))
@@ -105,6 +124,8 @@ def compile_command(recipe: Recipe, base: BaseIdentity, workdir: Path, uv: str) 
         command += ["--extra-index-url", url]
     if recipe.python.exclude_newer:
         command += ["--exclude-newer", recipe.python.exclude_newer]
+    for name in upgrade:
+        command += ["--upgrade-package", name]
     return command
 
 
@@ -204,11 +225,12 @@ def parse_pylock(text: str, plan: LayerPlan, source: str = "pylock.toml",
     return tuple(sorted(wheels, key=lambda w: (LAYER_ORDER.index(w.layer), w.name)))
 
 
-def resolve_wheels(recipe: Recipe, base: BaseIdentity) -> tuple[tuple[LockedWheel, ...], str]:
+def resolve_wheels(recipe: Recipe, base: BaseIdentity, *, prefer: dict[str, str] | None = None,
+                   upgrade: tuple[str, ...] = ()) -> tuple[tuple[LockedWheel, ...], str]:
     uv = uv_binary()
     with tempfile.TemporaryDirectory(prefix="imagebuild-resolve-") as tmp:
         workdir = Path(tmp)
-        command = compile_command(recipe, base, workdir, uv)
+        command = compile_command(recipe, base, workdir, uv, prefer=prefer, upgrade=upgrade)
         proc = subprocess.run(command, cwd=workdir, capture_output=True, text=True, check=False,
                               env={**os.environ, "UV_NO_PROGRESS": "1"})
         if proc.returncode != 0:
@@ -250,8 +272,11 @@ def cuda_summary(recipe: Recipe) -> dict:
             "min_driver": recipe.cuda.min_driver}
 
 
-def resolve_lock(recipe: Recipe, base: BaseIdentity) -> Lock:
-    wheels, resolver = resolve_wheels(recipe, base)
+def resolve_lock(recipe: Recipe, base: BaseIdentity, *, prefer: dict[str, str] | None = None,
+                 upgrade: tuple[str, ...] = ()) -> Lock:
+    """The recipe resolved for the base; `prefer` (name -> version) keeps an old lock's versions wherever
+    the recipe still allows them, except the names in `upgrade`."""
+    wheels, resolver = resolve_wheels(recipe, base, prefer=prefer, upgrade=upgrade)
     packages = {w.name: w.version for w in wheels}
     check_prune_targets(recipe, packages)
     return Lock(recipe=recipe.stem, recipe_sha256=recipe_sha256(recipe), tool_version=__version__,
