@@ -73,11 +73,16 @@ def main() -> None:
     parser.add_argument("--mount", help="a kernel cache mount kept across runs until one completes")
     parser.add_argument("--progress", action="store_true", help="print the builds' lines to stderr")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # each figure as it is measured, also into a file
     recipe = Path(args.recipe).resolve()
     engine = DockerEngine()
     mount = kept_mount(args.mount) if args.mount else private_mount("nvfp4")
     progress = (lambda line: print(line, file=sys.stderr, flush=True)) if args.progress else None
     made, figures, completed = [], {"recipe": recipe.name}, False
+
+    def record() -> None:  # after each phase, so a run stopped later keeps what it measured
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=2, sort_keys=True, default=str) + "\n")
     with tempfile.TemporaryDirectory(prefix="imagebuild-bench-nvfp4-") as tmp:
         folder = Path(tmp)
         try:
@@ -97,17 +102,20 @@ def main() -> None:
                       f"longest object {entry['longest_s']:.0f} s")
             bounds = scaling(times)
             figures["cores_lower_bound_s"] = bounds
+            record()
             print("  wall time on N cores, at least: " + ", ".join(f"{n}: {s / 60:.1f} min" for n, s in bounds.items()))
             manifest = manifest_of(cold["image"])
             artifacts = [{k: a.get(k) for k in ("kind", "name", "bytes", "sass", "loads", "target")}
                          for a in manifest["artifacts"]]
             figures["artifacts"] = artifacts
+            record()
             print(f"  manifest: {len(artifacts)} artifacts, {sum(a['bytes'] for a in artifacts) / 1e6:.1f} MB")
             for artifact in artifacts:
                 print(f"    {artifact['kind']:10} {artifact['bytes'] / 1e6:8.1f} MB sass={artifact['sass']} "
                       f"{artifact['name'][:90]}")
             proof = zero_jit(engine, cold["image"])
             figures["zero_jit"] = {"status": proof["status"], "detail": proof["detail"], "seconds": proof["seconds"]}
+            record()
             print(f"  zero-JIT proof ({proof['seconds']:.0f} s): {proof['status']}: {proof['detail'][:1500]}")
             library = moved(recipe, folder, "nvfp4-library-move", lambda t: t.replace(
                 'requirements = [\n', 'requirements = [\n  "six==1.17.0",\n', 1).replace(
@@ -116,6 +124,7 @@ def main() -> None:
             warm = build_on_mount(engine, library, folder / "warm", mount, progress)
             made.append(warm["image"])
             figures["warm"] = {"build_s": warm["seconds"], "kernels": warm["kernels"]}
+            record()
             print(f"  warm kernel cache, library-only move: build {warm['seconds']:.1f} s = "
                   f"{warm['seconds'] / cold['seconds']:.2f}x of cold; {warm['kernels']['compiled']} compiled, "
                   f"{warm['kernels']['reused']} reused, {warm['kernels']['seconds']:.1f} s compiling")
@@ -127,8 +136,6 @@ def main() -> None:
                 remove_mount(engine, mount)
             else:
                 print(f"  stopped before the end: mount {mount[0]} keeps the finished objects for a rerun")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2, sort_keys=True, default=str) + "\n")
 
 
 if __name__ == "__main__":
