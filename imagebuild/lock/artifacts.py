@@ -33,6 +33,9 @@ from imagebuild.lock.lockfile import LockedWheel
 from imagebuild.lock.remote_wheel import WheelError, wheel_files
 from imagebuild.payload.prune import matches
 
+# libNAME.so.MAJOR[.MINOR...]: group 1 is the name -lNAME looks for
+_VERSIONED_LIBRARY = re.compile(r"(lib[A-Za-z0-9_+-]+(?:\.[A-Za-z0-9_+-]+)*?\.so)\.[0-9]+(?:\.[0-9]+)*")
+
 METADATA, RECORD = "*.dist-info/METADATA", "*.dist-info/RECORD"
 _CUDA_RUNTIME = re.compile(r"nvidia-cuda-runtime(?:-cu(\d+))?")
 READERS = 16  # wheels read at once
@@ -112,7 +115,8 @@ class Artifacts:
     def layout(self) -> dict:
         """Where the image's CUDA pieces land, as the wheels' RECORDs say: `nvcc` (the site-packages path
         of bin/nvcc, whose toolkit folder is the CUDA home), `deep_gemm` (the distribution that installs
-        a top-level deep_gemm package) and `toolchain` (Artifacts.toolchain), each only when known."""
+        a top-level deep_gemm package), `toolchain` (Artifacts.toolchain) and `unversioned` (dev_names),
+        each only when known."""
         found = {}
         toolchain = self.toolchain()
         if toolchain:
@@ -123,7 +127,24 @@ class Artifacts:
                 found["nvcc"] = nvcc[0]
             if "deep_gemm/__init__.py" in facts.files and "deep_gemm" not in found:
                 found["deep_gemm"] = name
+        if "nvcc" in found and (names := self.dev_names(found["nvcc"].rsplit("/", 2)[0] + "/lib/")):
+            found["unversioned"] = names
         return found
+
+    def dev_names(self, lib: str) -> dict[str, str]:
+        """The shared libraries the wheels install in the CUDA home's lib folder under a versioned name only
+        (nvidia/cu13/lib/libnvrtc.so.13, no libnvrtc.so): unversioned path -> the file it should name, the
+        shortest version of each. A toolkit's dev packages ship these links; `-lnvrtc` finds nothing without
+        one (FlashInfer's fused MoE links it). What any wheel installs under the plain name is left alone."""
+        installed = {path for facts in self.wheels.values() for path in facts.files}
+        found: dict[str, str] = {}
+        for path in sorted(installed, key=lambda p: (len(p), p)):
+            if not path.startswith(lib) or "/" in path[len(lib):]:
+                continue
+            match = _VERSIONED_LIBRARY.fullmatch(path[len(lib):])
+            if match and lib + match.group(1) not in installed:
+                found.setdefault(lib + match.group(1), path[len(lib):])
+        return dict(sorted(found.items()))
 
     def requires_of(self, name: str, dependency: str) -> list[Requirement]:
         """What a wheel requires of a dependency in the image (Linux, no extras asked for)."""

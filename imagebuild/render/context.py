@@ -98,9 +98,11 @@ class RenderValues:
     layers: tuple[LayerValues, ...]
     patches: tuple[PatchValues, ...]
     labels: dict[str, str]
+    unversioned: tuple[Link, ...]  # the CUDA libraries' -lNAME links, one step after every install layer
     expect: dict
     aot: dict | None = None  # the [aot] build step's values; None: no step
     venv_marker: str = markers.marker(markers.VENV)
+    unversioned_marker: str = markers.marker(markers.LINKS, layer="unversioned")
     paths: dict[str, str] = field(default_factory=paths.template_values)  # the in-image paths, by name
 
 
@@ -126,6 +128,16 @@ def toolchain_links(lock: Lock) -> tuple[Link, ...]:
         return ()
     return (Link(f"{home}/lib64", "lib"),
             Link(f"{home}/lib/libcudart.so", f"libcudart.so.{Version(runtime).major}"))
+
+
+def unversioned_links(lock: Lock) -> tuple[Link, ...]:
+    """The CUDA libraries the wheels install under a versioned name only, linked under the name `-lNAME`
+    finds (lock.cuda's `unversioned`, read from their RECORDs), beside the toolchain's own links. After every
+    install layer, since any layer may ship one: FlashInfer's fused MoE links `-lnvrtc` when it compiles."""
+    made = {link.path for link in toolchain_links(lock)}
+    return tuple(link for link in (Link(f"{site_packages(lock)}/{path}", target)
+                                   for path, target in sorted((lock.cuda or {}).get("unversioned", {}).items()))
+                 if link.path not in made)
 
 
 def prune_specs(lock: Lock, recipe: Recipe) -> dict[str, tuple[dict, ...]]:
@@ -271,7 +283,7 @@ def render_values(lock: Lock, recipe: Recipe) -> RenderValues:
         env_base=base_env(lock), env_recipe=dict(recipe.env) | aot_env(recipe),
         layers=layer_values(lock, prune_specs(lock, recipe)),
         patches=tuple(PatchValues(p.package, p.file, p.sha256, p.strip) for p in lock.patches),
-        labels=labels(lock, recipe),
+        labels=labels(lock, recipe), unversioned=unversioned_links(lock),
         expect=expectations(lock, recipe.smoke.imports, aot), aot=aot)
 
 

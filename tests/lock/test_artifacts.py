@@ -236,6 +236,33 @@ def test_layout_reads_nvcc_and_deep_gemm_from_file_lists_not_names():
     assert Artifacts(wheels={"x": facts("x", {"nvidia/cuda_nvcc/bin/ptxas": ""})}).layout() == {}
 
 
+def test_libraries_shipped_under_a_versioned_name_only_get_their_link_name():
+    home = "nvidia/cu13/lib/"
+    found = Artifacts(wheels={
+        "nvidia-cuda-nvcc": facts("nvidia-cuda-nvcc", {"nvidia/cu13/bin/nvcc": ""}),
+        "nvidia-cuda-nvrtc": facts("nvidia-cuda-nvrtc", {home + "libnvrtc.so.13": "", home + "libnvrtc.so.13.0.88": "",
+                                                         home + "libnvrtc-builtins.so.13.0": ""}),
+        "nvidia-cuda-runtime": facts("nvidia-cuda-runtime", {home + "libcudart.so.13": "", home + "libcudadevrt.a": ""}),
+        # the negative controls: a plain name some wheel ships, a deeper folder, another toolkit's lib folder
+        "nvidia-nvjitlink": facts("nvidia-nvjitlink", {home + "libnvJitLink.so.13": ""}),
+        "nvjitlink-dev": facts("nvjitlink-dev", {home + "libnvJitLink.so": ""}),
+        "stubs": facts("stubs", {home + "stubs/libcuda.so.1": "", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12": ""})})
+    assert found.layout()["unversioned"] == {home + "libcudart.so": "libcudart.so.13",
+                                             home + "libnvrtc-builtins.so": "libnvrtc-builtins.so.13.0",
+                                             home + "libnvrtc.so": "libnvrtc.so.13"}
+    # no nvcc, no CUDA home: nothing to link into
+    assert "unversioned" not in Artifacts(wheels={"r": found.wheels["nvidia-cuda-nvrtc"]}).layout()
+
+
+@given(st.lists(st.text(alphabet="lib.so0123456789/-_ab", max_size=30), max_size=12))
+def test_any_file_names_give_links_within_the_lib_folder_to_files_there(names):
+    home = "nvidia/cu13/lib/"
+    wheel = facts("w", {home + name: "" for name in names} | {"nvidia/cu13/bin/nvcc": ""})
+    for link, target in Artifacts(wheels={"w": wheel}).layout().get("unversioned", {}).items():
+        assert link.startswith(home) and "/" not in link[len(home):] and link not in wheel.files
+        assert home + target in wheel.files and target.startswith(link[len(home):] + ".")
+
+
 @pytest.mark.parametrize("pin, cuda12", [("nvidia-cutlass-dsl-libs-cu12==4.8.1", True),
                                          ("nvidia-cutlass-dsl-libs-cu13==4.8.1", False)])
 def test_a_real_cuda12_build_is_named_by_its_record_and_its_cuda13_twin_is_not(write_recipe, pin, cuda12):
@@ -306,6 +333,15 @@ def test_the_toolchain_read_from_real_cuda_toolkit_releases(write_recipe, toolki
     assert "nvidia-cublas" in lock.packages and "nvidia-cublas" not in chain
     release = toolkit.split(".")[:2]
     assert all(lock.packages[name].split(".")[:2] == release for name in chain)
+    # -lnvrtc and -lcudart need the plain names, which the wheels' RECORDs do not install (render links them)
+    unversioned = lock.cuda["unversioned"]
+    assert unversioned["nvidia/cu13/lib/libnvrtc.so"] == "libnvrtc.so.13"
+    assert unversioned["nvidia/cu13/lib/libcudart.so"] == "libcudart.so.13"
+    assert unversioned["nvidia/cu13/lib/libcublas.so"].startswith("libcublas.so.")
+    # the negative control: nvcc alone installs no library to link
+    alone = resolved(write_recipe, ["nvidia-cuda-nvcc==" + lock.packages["nvidia-cuda-nvcc"]],
+                     ".".join(release), "nvcc-alone").cuda
+    assert "nvidia/cu13/lib/libnvrtc.so" not in alone.get("unversioned", {})
 
 
 def test_a_toolchain_piece_of_another_release_is_named_by_the_probe(write_recipe):

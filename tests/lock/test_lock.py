@@ -66,7 +66,10 @@ def _lock(wheels=None) -> Lock:
                 template_sha256="b" * 64, base=BOOKWORM, python_platform=BOOKWORM.uv_platform,
                 resolver="uv 0.13.9", wheels=wheels,
                 cuda={"toolkit": "13.0", "archs": ["sm_120a"], "min_driver": "595.71.05",
-                      "nvcc": "nvidia/cu13/bin/nvcc", "deep_gemm": "sgl-deep-gemm"})
+                      "nvcc": "nvidia/cu13/bin/nvcc", "deep_gemm": "sgl-deep-gemm",
+                      # as the real cuda-toolchain lock reads them from its wheels' RECORDs
+                      "unversioned": {"nvidia/cu13/lib/libcudart.so": "libcudart.so.13",
+                                      "nvidia/cu13/lib/libnvvm.so": "libnvvm.so.4"}})
 
 
 def test_lock_round_trips_byte_identically():

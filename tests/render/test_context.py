@@ -115,6 +115,23 @@ def test_toolchain_is_usable_from_the_environment(tmp_path):
     assert values.expect["cuda"]["home"] == home and values.expect["deep_gemm"] == {"compile": True}
 
 
+def test_libraries_get_their_link_names_in_one_step_after_every_install_layer(tmp_path):
+    lock = _lock(_app_wheels())
+    nvrtc = {"nvidia/cu13/lib/libnvrtc.so": "libnvrtc.so.13"}
+    lock = replace(lock, cuda={**lock.cuda, "unversioned": {**lock.cuda["unversioned"], **nvrtc}})
+    values = render_values(lock, _recipe(tmp_path))
+    home = "/opt/venv/lib/python3.11/site-packages/nvidia/cu13"
+    # libcudart.so is the toolchain step's already: made once
+    assert [link.command for link in values.unversioned] == [f"ln -sfn libnvrtc.so.13 {home}/lib/libnvrtc.so",
+                                                            f"ln -sfn libnvvm.so.4 {home}/lib/libnvvm.so"]
+    text = render_dockerfile(values)
+    step = text.index(": imagebuild-step=links layer=unversioned")
+    assert text.index("# Layer 3/3: application") < step and text.count("layer=unversioned") == 1
+    # the negative control: a lock that names none renders no step
+    bare = render_values(replace(lock, cuda={k: v for k, v in lock.cuda.items() if k != "unversioned"}), _recipe(tmp_path))
+    assert bare.unversioned == () and "layer=unversioned" not in render_dockerfile(bare)
+
+
 def test_no_cuda_home_without_a_pip_nvcc(tmp_path):
     wheels = tuple(w for w in _lock().wheels if w.name != "nvidia-cuda-nvcc")
     lock = _lock(wheels)  # its cuda facts as the RECORDs would have them: no bin/nvcc anywhere

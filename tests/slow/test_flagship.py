@@ -136,6 +136,24 @@ def test_cuda_home_asks_each_consumer_and_names_the_one_that_disagrees(engine, f
     assert "torch" not in check["detail"].split(";")[0]
 
 
+LINK = 'c++ -shared -o /tmp/imagebuild-link.so -x c /dev/null -L"$CUDA_HOME/lib64" '
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_the_cuda_libraries_link_by_their_plain_names(engine, flagship):
+    """FlashInfer's fused MoE links -lnvrtc when it compiles (0.7.2's gen_cutlass_fused_moe_module): the wheels
+    ship libnvrtc.so.13 and no libnvrtc.so, and the GLM-4.5 NVFP4 build failed there (2026-12-04) before the
+    image linked each library the lock reads from the wheels under its plain name. The control: without
+    that link, ld cannot find the library."""
+    names = [Path(path).name[len("lib"):-len(".so")] for path in read_lock(Path(flagship.lock_path)).cuda["unversioned"]]
+    assert {"nvrtc", "cublas", "cudart"} <= set(names), names
+    done = engine.run(flagship.image, ["sh", "-c", LINK + " ".join(f"-l{name}" for name in names)])
+    assert done.exit_code == 0, done.stderr
+    gone = engine.run(flagship.image, ["sh", "-c", 'rm "$CUDA_HOME/lib/libnvrtc.so" && ' + LINK + "-lnvrtc"])
+    assert gone.exit_code != 0 and "cannot find -lnvrtc" in gone.stderr, gone.stderr
+
+
 def check_zero_jit(engine, image: str, check: dict) -> None:
     """[aot]: what the build compiled is what FlashInfer's and SGLang's own loaders find with JIT off."""
     assert check["status"] == "pass", check["detail"]

@@ -45,6 +45,9 @@ RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
     UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/3-application.txt
 
+# The CUDA libraries the wheels ship under a versioned name only, linked under the name -lNAME finds.
+RUN : imagebuild-step=links layer=unversioned && ln -sfn libnvvm.so.4 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libnvvm.so
+
 ENV DG_JIT_CACHE_DIR="/var/cache/deep_gemm" \
     SGLANG_JIT_CACHE_DIR="/var/cache/sglang/jit" \
     SGLANG_ENABLE_JIT_DEEPGEMM="0"
@@ -68,7 +71,7 @@ COPY imagebuild/probe.pyz imagebuild/expect.json imagebuild/lock.json /opt/image
 LABEL "io.imagebuild.base"="imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee" \
     "io.imagebuild.cuda"="13.0" \
     "io.imagebuild.cuda.archs"="sm_120a" \
-    "io.imagebuild.lock.sha256"="85a52b2e6c294fc59b108bed6f684548e8b0b3ec8b9e0d4c82143d194d9a1e3b" \
+    "io.imagebuild.lock.sha256"="aa9e212c596b9eb564de4f5f5f0fa147ebe9452afaad9956233bd8307384b1a0" \
     "io.imagebuild.recipe"="cuda-toolchain" \
     "io.imagebuild.recipe.sha256"="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" \
     "io.imagebuild.template.sha256"="bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" \

@@ -35,6 +35,9 @@ RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
     UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/2-kernels.txt
 
+# The CUDA libraries the wheels ship under a versioned name only, linked under the name -lNAME finds.
+RUN : imagebuild-step=links layer=unversioned && ln -sfn libnvvm.so.4 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libnvvm.so
+
 ENV DG_JIT_CACHE_DIR="/var/cache/deep_gemm"
 
 # The smoke probe and what it checks against: the image carries its own lock.
@@ -43,7 +46,7 @@ COPY imagebuild/probe.pyz imagebuild/expect.json imagebuild/lock.json /opt/image
 LABEL "io.imagebuild.base"="imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee" \
     "io.imagebuild.cuda"="13.0" \
     "io.imagebuild.cuda.archs"="sm_120a" \
-    "io.imagebuild.lock.sha256"="db6550dad729adccfa7fd1249b6c41a1451488d5c99d605391d67c91b2ca794f" \
+    "io.imagebuild.lock.sha256"="f096b4b76c7bf7cbf5073c08d75b33c7f1e4b1e3de43c5c8616119ed485f7f0d" \
     "io.imagebuild.recipe"="cuda-toolchain" \
     "io.imagebuild.recipe.sha256"="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" \
     "io.imagebuild.template.sha256"="bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" \

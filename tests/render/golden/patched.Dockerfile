@@ -45,6 +45,9 @@ RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
     UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/3-application.txt
 
+# The CUDA libraries the wheels ship under a versioned name only, linked under the name -lNAME finds.
+RUN : imagebuild-step=links layer=unversioned && ln -sfn libnvvm.so.4 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libnvvm.so
+
 # Patches, each applied exactly (no fuzz) to the installed files; a hunk that does not apply fails the build.
 COPY imagebuild/apply_patch.py /opt/imagebuild/apply_patch.py
 COPY patches/01-fix.patch /opt/imagebuild/patches/01-fix.patch
@@ -59,7 +62,7 @@ COPY imagebuild/probe.pyz imagebuild/expect.json imagebuild/lock.json /opt/image
 LABEL "io.imagebuild.base"="imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee" \
     "io.imagebuild.cuda"="13.0" \
     "io.imagebuild.cuda.archs"="sm_120a" \
-    "io.imagebuild.lock.sha256"="231c74e12bad7b31ffdd24735d235944cea5979009748f6c9af7032b90f4dd71" \
+    "io.imagebuild.lock.sha256"="b2604653c8a03b04388c7cb637050a55a361d75559661bfdeefb81920f755e7a" \
     "io.imagebuild.patches"="sgl-deep-gemm:ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff" \
     "io.imagebuild.recipe"="cuda-toolchain" \
     "io.imagebuild.recipe.sha256"="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" \

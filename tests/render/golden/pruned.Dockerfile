@@ -43,6 +43,9 @@ RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/2-kernels.txt; \
     /opt/venv/bin/python -B /run/imagebuild/prune.py /opt/venv/lib/python3.11/site-packages /run/imagebuild/prune.json
 
+# The CUDA libraries the wheels ship under a versioned name only, linked under the name -lNAME finds.
+RUN : imagebuild-step=links layer=unversioned && ln -sfn libnvvm.so.4 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libnvvm.so
+
 ENV DG_JIT_CACHE_DIR="/var/cache/deep_gemm"
 
 # The smoke probe and what it checks against: the image carries its own lock.
@@ -51,7 +54,7 @@ COPY imagebuild/probe.pyz imagebuild/expect.json imagebuild/lock.json /opt/image
 LABEL "io.imagebuild.base"="imagebuild/base:bookworm-amd64-eeeeeeeeeeeeeeee" \
     "io.imagebuild.cuda"="13.0" \
     "io.imagebuild.cuda.archs"="sm_120a" \
-    "io.imagebuild.lock.sha256"="db6550dad729adccfa7fd1249b6c41a1451488d5c99d605391d67c91b2ca794f" \
+    "io.imagebuild.lock.sha256"="f096b4b76c7bf7cbf5073c08d75b33c7f1e4b1e3de43c5c8616119ed485f7f0d" \
     "io.imagebuild.pruned"="nvidia-cuda-nvcc,sgl-deep-gemm" \
     "io.imagebuild.recipe"="cuda-toolchain" \
     "io.imagebuild.recipe.sha256"="aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" \
