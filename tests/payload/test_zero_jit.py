@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,15 @@ def test_the_undeclared_shape_differs_from_every_declared_head_dim():
     control = kernels_aot.undeclared_shape(shapes)
     assert control["head_dim"] not in (64, 128) and control["tp"] == [1]
     assert not control["prefix_cache"] and not control["sampling"]
+
+
+def test_the_undeclared_rope_differs_from_a_declared_partial_rotary_dim():
+    """GLM-4.5 rotates 64 of its 128 head dims: a control at head dim 64 would ask SGLang for GLM's own RoPE
+    kernel, hit the cache and prove nothing (seen on the gallery's GLM-4.5 image, 2026-12-04)."""
+    glm = dict(SHAPE, rotary_dim=64, tp=[8])
+    control = kernels_aot.undeclared_shape([glm])
+    assert control["head_dim"] not in (64, 128)
+    assert kernels_aot.undeclared_shape([SHAPE])["head_dim"] == 64  # the control: no partial rotary, 64 is free
 
 
 @pytest.mark.parametrize("arch, parts, number", [("12.0f", (12, 0, "f"), 120), ("9.0a", (9, 0, "a"), 90),
@@ -104,7 +114,35 @@ def verdict(result: dict, nvcc_calls=(), manifest=None) -> dict:
 
 def test_a_clean_proof_passes():
     check = verdict(proof())
-    assert check["status"] == "pass" and "1 FlashInfer modules" in check["detail"]
+    assert check["status"] == "pass" and "1 FlashInfer modules" in check["detail"] and "spawned" not in check["detail"]
+
+
+def test_nvcc_listing_its_archs_is_said_and_is_no_compile():
+    check = zero_jit._verdict(proof(), 0, "", [], [], MANIFEST, ["--list-gpu-arch"])
+    assert check["status"] == "pass" and check["evidence"]["nvcc_queries"] == ["--list-gpu-arch"]
+    assert "nvcc was spawned 1 time(s) to list its archs" in check["detail"]
+
+
+def test_hidden_nvcc_answers_version_and_archs_as_the_real_one_and_refuses_to_compile(real_nvcc, tmp_path):
+    """On the pip toolchain's real nvcc (a copy of its own, moved aside and back): --version and
+    --list-gpu-arch answer what the real one says, a compile is refused and logged, and the file comes back."""
+    import subprocess
+    nvcc = Path(real_nvcc.nvcc)
+    real_archs = subprocess.run([str(nvcc), "--list-gpu-arch"], capture_output=True, text=True, check=True).stdout
+    assert "compute_120" in real_archs
+    before = nvcc.read_bytes()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with zero_jit.HiddenNvcc(str(nvcc.parent.parent), "Cuda compilation tools, release 13.0\n", str(scratch)) as hidden:
+        ask = lambda *args: subprocess.run([str(nvcc), *args], capture_output=True, text=True)  # noqa: E731
+        assert ask("--version").stdout == "Cuda compilation tools, release 13.0\n"
+        assert ask("--list-gpu-arch").stdout == real_archs
+        compile_ = ask("-c", str(real_nvcc.root / "kernel.cu"))
+        assert compile_.returncode == 1 and "hidden by imagebuild" in compile_.stderr
+        assert ask("--list-gpu-arch", "-v").returncode == 1  # only the exact question is answered
+    assert hidden.queries() == ["--list-gpu-arch"]
+    assert len(hidden.calls()) == 2 and hidden.calls()[0].startswith("-c ")
+    assert nvcc.read_bytes() == before
 
 
 @pytest.mark.parametrize("changes, nvcc, says", [

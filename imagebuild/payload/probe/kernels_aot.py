@@ -451,8 +451,10 @@ def plan(spec: dict) -> dict:
 
 
 def undeclared_shape(shapes: list) -> dict:
-    """The negative control: the first shape with a head dim no shape declares, nothing else."""
-    taken = {shape["head_dim"] for shape in shapes}
+    """The negative control: the first shape with a head dim no shape declares, nothing else. Its RoPE (the
+    SGLang control) rotates all of that head dim, so a declared partial rotary dim (GLM-4.5 rotates 64 of
+    128) is taken too: a control equal to a declared kernel would hit the cache and prove nothing."""
+    taken = {shape["head_dim"] for shape in shapes} | {shape.get("rotary_dim") for shape in shapes}
     head_dim = next(d for d in (64, 256, 96, 192, 128) if d not in taken)
     return dict(shapes[0], name="undeclared", head_dim=head_dim, tp=[shapes[0]["tp"][0]], rope="none",
                 rotary_dim=None, qk_norm=False, hidden_size=None, prefix_cache=False, sampling=False,

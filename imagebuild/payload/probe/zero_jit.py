@@ -22,13 +22,15 @@ import tempfile
 from .kernels_aot import describe
 from .gpus import sm_number
 from .report import FAIL, PASS, SKIP, make_check
-from .system import run_python_json
+from .system import run_command, run_python_json
 
 PROVE_TIMEOUT_S = 900
 _PACKAGE = __name__.rpartition(".")[0]  # imagebuild_probe in the zipapp, imagebuild.payload.probe in the tree
 _NVCC_STANDIN = """#!/bin/sh
-# imagebuild's zero-JIT proof: nvcc may say its version (SGLang's cache key hashes it), never compile.
+# imagebuild's zero-JIT proof: nvcc may say its version (SGLang's cache key hashes it) and the archs it
+# knows (FlashInfer 0.7.2's get_nvcc_flags_list asks, compilation_context.py), never compile.
 if [ "$#" -eq 1 ] && [ "$1" = "--version" ]; then exec cat "{version}"; fi
+if [ "$#" -eq 1 ] && [ "$1" = "--list-gpu-arch" ]; then echo "$1" >> "{queries}"; exec cat "{archs}"; fi
 printf '%s\\n' "$*" >> "{log}"
 echo "nvcc is hidden by imagebuild's zero-JIT proof: a kernel was about to be compiled" >&2
 exit 1
@@ -77,14 +79,19 @@ class HiddenNvcc:
         self.nvcc = os.path.join(cuda_home, "bin", "nvcc")
         self.aside = self.nvcc + ".imagebuild-hidden"
         self.log = os.path.join(scratch, "nvcc-calls.log")
+        self.query_log = os.path.join(scratch, "nvcc-queries.log")
         self.version = os.path.join(scratch, "nvcc-version.txt")
+        self.archs = os.path.join(scratch, "nvcc-archs.txt")
         with open(self.version, "w") as handle:
             handle.write(version_text)
 
     def __enter__(self):
+        with open(self.archs, "w") as handle:  # the real nvcc's answer, asked before it is moved aside
+            handle.write(_stdout(run_command([self.nvcc, "--list-gpu-arch"], timeout=60)))
         os.replace(self.nvcc, self.aside)
         with open(self.nvcc, "w") as handle:
-            handle.write(_NVCC_STANDIN.format(version=self.version, log=self.log))
+            handle.write(_NVCC_STANDIN.format(version=self.version, archs=self.archs, queries=self.query_log,
+                                              log=self.log))
         os.chmod(self.nvcc, 0o755)
         return self
 
@@ -92,11 +99,26 @@ class HiddenNvcc:
         os.replace(self.aside, self.nvcc)
 
     def calls(self) -> list:
-        try:
-            with open(self.log) as handle:
-                return handle.read().splitlines()
-        except OSError:
-            return []
+        """What nvcc was asked to do beyond saying its version and archs: each a compile attempt."""
+        return _lines(self.log)
+
+    def queries(self) -> list:
+        """The --list-gpu-arch questions nvcc answered: a spawn at load, not a compile."""
+        return _lines(self.query_log)
+
+
+def _stdout(result: tuple) -> str:
+    """run_command's output when the command succeeded; nothing when nvcc could not answer."""
+    status, output = result
+    return output if status == 0 else ""
+
+
+def _lines(path: str) -> list:
+    try:
+        with open(path) as handle:
+            return handle.read().splitlines()
+    except OSError:
+        return []
 
 
 def check_aot(expect: dict) -> dict:
@@ -125,8 +147,8 @@ def check_aot(expect: dict) -> dict:
                 "sys.exit(main(sys.argv[1:]))")
         with HiddenNvcc(cuda_home, manifest.get("nvcc_version", ""), scratch) as hidden:
             proof, status, errors = run_python_json(code, "prove", spec_path, path, timeout=PROVE_TIMEOUT_S, env=env)
-            nvcc_calls = hidden.calls()
-    return _verdict(proof, status, errors, problems, nvcc_calls, manifest)
+            nvcc_calls, nvcc_queries = hidden.calls(), hidden.queries()
+    return _verdict(proof, status, errors, problems, nvcc_calls, manifest, nvcc_queries)
 
 
 # What SGLang raises, in the releases read (0.5.22, 0.5.23: kernels/jit/utils/compile/loader.py), when a
@@ -183,8 +205,10 @@ def coverage_problems(proof: dict, manifest: dict) -> list:
     return problems
 
 
-def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls: list, manifest: dict) -> dict:
-    evidence = {"artifacts": len(manifest.get("artifacts", [])), "problems": problems, "nvcc_calls": nvcc_calls}
+def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls: list, manifest: dict,
+             nvcc_queries: list = ()) -> dict:
+    evidence = {"artifacts": len(manifest.get("artifacts", [])), "problems": problems, "nvcc_calls": nvcc_calls,
+                "nvcc_queries": list(nvcc_queries)}
     if proof is None:
         return make_check("zero-jit", FAIL, f"the load proof printed no result (exit {status}): "
                           f"{(errors or '')[-1500:]}", **evidence)
@@ -220,5 +244,7 @@ def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls
               + (f", {len(sglang['hits'])} SGLang builders served by {len(sglang.get('mapped', []))} kernels "
                  f"from its cache for {sglang['arch']}" if sglang else "")
               + f"; an undeclared shape missed ({flashinfer['undeclared']['module']})"
-              + (f" and an undeclared target missed ({target['module']})" if target else ""))
+              + (f" and an undeclared target missed ({target['module']})" if target else "")
+              + (f"; nvcc was spawned {len(nvcc_queries)} time(s) to list its archs (FlashInfer's arch check at "
+                 "load, nothing compiled): the image keeps nvcc for it" if nvcc_queries else ""))
     return make_check("zero-jit", PASS, detail, **evidence)
