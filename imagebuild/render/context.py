@@ -98,11 +98,9 @@ class RenderValues:
     layers: tuple[LayerValues, ...]
     patches: tuple[PatchValues, ...]
     labels: dict[str, str]
-    unversioned: tuple[Link, ...]  # the CUDA libraries' -lNAME links, one step after every install layer
     expect: dict
     aot: dict | None = None  # the [aot] build step's values; None: no step
     venv_marker: str = markers.marker(markers.VENV)
-    unversioned_marker: str = markers.marker(markers.LINKS, layer="unversioned")
     paths: dict[str, str] = field(default_factory=paths.template_values)  # the in-image paths, by name
 
 
@@ -121,23 +119,18 @@ def cuda_home(lock: Lock) -> str | None:
 
 
 def toolchain_links(lock: Lock) -> tuple[Link, ...]:
-    """nvcc links executables against lib64 and `-cudart shared` wants libcudart.so: the wheels have neither."""
+    """nvcc links executables against lib64 and `-cudart shared` wants libcudart.so: the wheels have neither.
+    Nor do they ship the plain names of the other CUDA libraries (lock.cuda's `unversioned`, read from their
+    RECORDs), which `-lNAME` finds: FlashInfer's fused MoE links `-lnvrtc` when it compiles. All in the step
+    after the runtime's layer; a library a later layer installs is linked before it lands, as ln allows."""
     home = cuda_home(lock)
     runtime = lock.packages.get("nvidia-cuda-runtime")
     if home is None or runtime is None:
         return ()
-    return (Link(f"{home}/lib64", "lib"),
-            Link(f"{home}/lib/libcudart.so", f"libcudart.so.{Version(runtime).major}"))
-
-
-def unversioned_links(lock: Lock) -> tuple[Link, ...]:
-    """The CUDA libraries the wheels install under a versioned name only, linked under the name `-lNAME`
-    finds (lock.cuda's `unversioned`, read from their RECORDs), beside the toolchain's own links. After every
-    install layer, since any layer may ship one: FlashInfer's fused MoE links `-lnvrtc` when it compiles."""
-    made = {link.path for link in toolchain_links(lock)}
-    return tuple(link for link in (Link(f"{site_packages(lock)}/{path}", target)
-                                   for path, target in sorted((lock.cuda or {}).get("unversioned", {}).items()))
-                 if link.path not in made)
+    links = {f"{home}/lib64": "lib", f"{home}/lib/libcudart.so": f"libcudart.so.{Version(runtime).major}"}
+    for path, target in sorted((lock.cuda or {}).get("unversioned", {}).items()):
+        links.setdefault(f"{site_packages(lock)}/{path}", target)
+    return tuple(Link(path, target) for path, target in links.items())
 
 
 def prune_specs(lock: Lock, recipe: Recipe) -> dict[str, tuple[dict, ...]]:
@@ -283,7 +276,7 @@ def render_values(lock: Lock, recipe: Recipe) -> RenderValues:
         env_base=base_env(lock), env_recipe=dict(recipe.env) | aot_env(recipe),
         layers=layer_values(lock, prune_specs(lock, recipe)),
         patches=tuple(PatchValues(p.package, p.file, p.sha256, p.strip) for p in lock.patches),
-        labels=labels(lock, recipe), unversioned=unversioned_links(lock),
+        labels=labels(lock, recipe),
         expect=expectations(lock, recipe.smoke.imports, aot), aot=aot)
 
 

@@ -19,7 +19,7 @@ WORD = "imagebuild-step"
 # The step kinds render writes, and the fields each carries.
 VENV = "venv"  # the virtual environment made
 INSTALL = "install"  # layer=NAME, prune=yes when the step also applies [[prune]]
-LINKS = "links"  # layer=NAME: the toolchain's symlinks (layer=unversioned: the libraries' -lNAME links)
+LINKS = "links"  # layer=NAME: the toolchain's symlinks, the libraries' -lNAME names among them
 PATCH = "patch"  # package=NAME file=FILE: one [[patches]] entry applied
 AOT = "aot"  # the [aot] kernels built
 KINDS = (VENV, INSTALL, LINKS, PATCH, AOT)

@@ -110,26 +110,28 @@ def test_toolchain_is_usable_from_the_environment(tmp_path):
     assert values.env_base["PATH"].startswith(f"/opt/venv/bin:{home}/bin:")
     (framework,) = [layer for layer in values.layers if layer.links]
     assert framework.name == "framework"
-    assert [link.command for link in framework.links] == [
+    assert [link.command for link in framework.links][:2] == [
         f"ln -sfn lib {home}/lib64", f"ln -sfn libcudart.so.13 {home}/lib/libcudart.so"]
     assert values.expect["cuda"]["home"] == home and values.expect["deep_gemm"] == {"compile": True}
 
 
-def test_libraries_get_their_link_names_in_one_step_after_every_install_layer(tmp_path):
+def test_libraries_get_their_link_names_in_the_toolchain_step(tmp_path):
     lock = _lock(_app_wheels())
     nvrtc = {"nvidia/cu13/lib/libnvrtc.so": "libnvrtc.so.13"}
     lock = replace(lock, cuda={**lock.cuda, "unversioned": {**lock.cuda["unversioned"], **nvrtc}})
     values = render_values(lock, _recipe(tmp_path))
     home = "/opt/venv/lib/python3.11/site-packages/nvidia/cu13"
-    # libcudart.so is the toolchain step's already: made once
-    assert [link.command for link in values.unversioned] == [f"ln -sfn libnvrtc.so.13 {home}/lib/libnvrtc.so",
-                                                            f"ln -sfn libnvvm.so.4 {home}/lib/libnvvm.so"]
+    (framework,) = [layer for layer in values.layers if layer.links]
+    # libcudart.so once, by the runtime's own version; then the lock's names, in the same step
+    assert [link.command for link in framework.links] == [
+        f"ln -sfn lib {home}/lib64", f"ln -sfn libcudart.so.13 {home}/lib/libcudart.so",
+        f"ln -sfn libnvrtc.so.13 {home}/lib/libnvrtc.so", f"ln -sfn libnvvm.so.4 {home}/lib/libnvvm.so"]
     text = render_dockerfile(values)
-    step = text.index(": imagebuild-step=links layer=unversioned")
-    assert text.index("# Layer 3/3: application") < step and text.count("layer=unversioned") == 1
-    # the negative control: a lock that names none renders no step
+    assert text.count("imagebuild-step=links") == 1 and text.index("imagebuild-step=links") < text.index("# Layer 2/3")
+    # an application pin bump leaves the step as it was (test_bumping_the_application_pin_changes_only_the_last_layer)
+    # the negative control: a lock that names none links only the toolchain's two
     bare = render_values(replace(lock, cuda={k: v for k, v in lock.cuda.items() if k != "unversioned"}), _recipe(tmp_path))
-    assert bare.unversioned == () and "layer=unversioned" not in render_dockerfile(bare)
+    assert len(next(layer for layer in bare.layers if layer.links).links) == 2
 
 
 def test_no_cuda_home_without_a_pip_nvcc(tmp_path):

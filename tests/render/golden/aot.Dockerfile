@@ -23,7 +23,7 @@ RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi; \
     UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/1-framework.txt
-RUN : imagebuild-step=links layer=framework && ln -sfn lib /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib64 && ln -sfn libcudart.so.13 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so
+RUN : imagebuild-step=links layer=framework && ln -sfn lib /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib64 && ln -sfn libcudart.so.13 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so && ln -sfn libnvvm.so.4 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libnvvm.so
 
 # Layer 2/3: kernels (1 wheels, 5 MB of wheels)
 COPY requirements/2-kernels.txt /opt/imagebuild/requirements/2-kernels.txt
@@ -44,9 +44,6 @@ RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi; \
     UV_LINK_MODE=copy uv pip install --quiet --no-config --python /opt/venv/bin/python \
       --no-deps --require-hashes --no-build -r /opt/imagebuild/requirements/3-application.txt
-
-# The CUDA libraries the wheels ship under a versioned name only, linked under the name -lNAME finds.
-RUN : imagebuild-step=links layer=unversioned && ln -sfn libnvvm.so.4 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libnvvm.so
 
 ENV DG_JIT_CACHE_DIR="/var/cache/deep_gemm" \
     SGLANG_JIT_CACHE_DIR="/var/cache/sglang/jit" \
