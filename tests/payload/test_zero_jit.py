@@ -123,6 +123,36 @@ def test_nvcc_listing_its_archs_is_said_and_is_no_compile():
     assert "nvcc was spawned 1 time(s) to list its archs" in check["detail"]
 
 
+def test_what_still_compiles_at_first_use_is_listed_by_name():
+    first = {"triton": ["position.compute_position_kernel", "kv_indices.create_flashinfer_kv_indices_triton"],
+             "modules": ["sglang.srt.model_executor.forward_batch_info"], "errors": []}
+    check = verdict(proof(**{"sglang.first_use": first}))
+    assert check["status"] == "pass"
+    assert ("still compiled at first use, by Triton with its own ptxas (not seeded): 2 kernel(s) of the ops "
+            "sglang.srt.model_executor.forward_batch_info import: position.compute_position_kernel, "
+            "kv_indices.create_flashinfer_kv_indices_triton") in check["detail"]
+    none = verdict(proof(**{"sglang.first_use": {"triton": [], "modules": [], "errors": ["x: ImportError: gone"]}}))
+    assert "no Triton kernel found in what no module import (unreadable: x: ImportError: gone)" in none["detail"]
+
+
+def test_first_use_triton_reads_the_kernels_of_the_ops_a_module_imports(tmp_path, monkeypatch):
+    """A package laid out as SGLang's (mocked: no Triton here): a forward module importing an op whose module
+    defines a Triton kernel (an object of a class named JITFunction, as triton.runtime.jit's) and a plain one."""
+    ops = tmp_path / "sglang" / "kernels" / "ops"
+    ops.mkdir(parents=True)
+    for folder in (tmp_path / "sglang", tmp_path / "sglang" / "kernels", ops):
+        (folder / "__init__.py").write_text("")
+    (ops / "position.py").write_text("class JITFunction:\n    pass\n\ncompute_position_kernel = JITFunction()\n"
+                                     "def compute_position_triton():\n    return compute_position_kernel\n")
+    (tmp_path / "sglang" / "forward.py").write_text("from sglang.kernels.ops.position import compute_position_triton\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [n for n in list(__import__("sys").modules) if n == "sglang" or n.startswith("sglang.")]:
+        monkeypatch.delitem(__import__("sys").modules, name)
+    found = kernels_aot.first_use_triton(("sglang.forward", "sglang.missing"))
+    assert found["triton"] == ["position.compute_position_kernel"] and found["modules"] == ["sglang.forward"]
+    assert found["errors"][0].startswith("sglang.missing: ModuleNotFoundError")
+
+
 def test_hidden_nvcc_answers_version_and_archs_as_the_real_one_and_refuses_to_compile(real_nvcc, tmp_path):
     """On the pip toolchain's real nvcc (a copy of its own, moved aside and back): --version and
     --list-gpu-arch answer what the real one says, a compile is refused and logged, and the file comes back."""

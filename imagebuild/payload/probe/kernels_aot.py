@@ -93,16 +93,31 @@ def _tensor_core_decode(shape: dict, q_heads: int, kv_heads: int) -> bool:
     return bool(should_use_tensor_core(_dtype(shape["kv_dtype"]), q_heads, kv_heads))
 
 
+def ragged_backends(shape: dict, archs: list) -> list:
+    """The FlashInfer backends SGLang's ragged prefill runs on these archs. SGLang 0.5.23 builds that wrapper with
+    backend "auto" (flashinfer_backend.py:501-524; "fa2" or "cutlass" on SM100), and FlashInfer's auto picks FA3 on
+    an sm_90a GPU when FA3 supports the dtypes and head dim (utils.determine_attention_backend): a Hopper server's
+    first prefill loads the FA3 module, not FA2's. Paged prefill and decode stay on "fa2" (SGLang sets them)."""
+    from flashinfer import utils
+    values = _attention_values(shape, shape["dtype"])
+    fa3 = utils.is_fa3_backend_supported(0, False, False, values["dtype_q"], values["dtype_q"]) and \
+        getattr(utils, "is_fa3_prefill_head_dim_supported", lambda qk, vo: True)(shape["head_dim"], shape["head_dim"])
+    hopper = [arch for arch in archs if _arch_parts(arch)[:2] == (9, 0)]
+    backends = ["fa2"] if len(hopper) < len(archs) or not fa3 else []
+    return backends + (["fa3"] if hopper and fa3 else [])
+
+
 def flashinfer_loads(shape: dict, archs: list) -> list:
     """(what, loader, args) for every FlashInfer module the shape makes SGLang load: its FlashInfer attention
     backend's, and for a quantized shape the FP4 and fused-MoE loaders of each target (kernels_moe.py)."""
     from flashinfer import cascade, decode, prefill, sampling
     from flashinfer.jit.attention import modules
 
-    prefill_args = lambda kv: ["fa2"] + _positional(modules.get_batch_prefill_uri,  # noqa: E731
-                                                    _attention_values(shape, kv), skip=1)
-    loads = [("prefill ragged", prefill.get_batch_prefill_module, prefill_args(shape["dtype"])),
-             ("prefill paged", prefill.get_batch_prefill_module, prefill_args(shape["kv_dtype"]))]
+    prefill_args = lambda kv, backend="fa2": [backend] + _positional(  # noqa: E731
+        modules.get_batch_prefill_uri, _attention_values(shape, kv), skip=1)
+    loads = [(f"prefill ragged{'' if backend == 'fa2' else ' (' + backend + ')'}", prefill.get_batch_prefill_module,
+              prefill_args(shape["dtype"], backend)) for backend in ragged_backends(shape, archs)]
+    loads.append(("prefill paged", prefill.get_batch_prefill_module, prefill_args(shape["kv_dtype"])))
     for tp in shape["tp"]:
         q_heads, kv_heads = shape["q_heads"] // tp, max(1, shape["kv_heads"] // tp)
         if _tensor_core_decode(shape, q_heads, kv_heads):
@@ -195,6 +210,13 @@ def sglang_builders(shape: dict) -> list:
         builders.append(("qk-norm", norm._jit_qknorm_module, (shape["head_dim"], dtype)))
     if shape.get("hidden_size") and norm._is_supported_rmsnorm_hidden_size(shape["hidden_size"]):
         builders.append(("rmsnorm", norm._jit_rmsnorm_module, (shape["hidden_size"], dtype)))
+    # The residual RMSNorm with HF's cast order (cast_x_before_out_mul, set by Qwen2's, SDAR's and the vision
+    # towers' norms): SGLang 0.5.23 takes its JIT kernel only then (layers/layernorm.py:598-617), sgl_kernel's
+    # prebuilt one otherwise. Its key is the dtype and the flag, no model size.
+    fused_add = getattr(norm, "_jit_fused_add_rmsnorm_module", None)
+    supported = getattr(norm, "is_supported_jit_fused_add_rmsnorm_hidden_size", lambda size: False)
+    if fused_add is not None and shape.get("hidden_size") and supported(shape["hidden_size"]):
+        builders.append(("fused-add-rmsnorm", fused_add, (dtype, True)))
     for tp in shape["tp"]:
         row = max(1, shape["kv_heads"] // tp) * shape["head_dim"] * ELEMENT_BYTES[shape["kv_dtype"]]
         builders.append((f"kv-store tp{tp}", kvcache._jit_kvcache_module, (row, row, 0)))
@@ -528,7 +550,34 @@ def prove(spec: dict, manifest: dict) -> dict:
             # RoPE's key holds the head dim, which no declared shape has; the control's KV-store row bytes may
             # equal a declared shape's (64 x 2 bytes = 128 x 1 byte), so it is no control.
             "undeclared": [o for o in control_outcome if o[1] == "rope"]}
+        result["first_use"] = first_use_triton()
     return result
+
+
+# The modules a forward on SGLang's FlashInfer backend runs through that import Triton kernels (SGLang 0.5.23:
+# flashinfer_backend.py:27-85, forward_batch_info.py:39-40; read 2026-12-04). No artifact says which kernels a
+# forward launches; these are where the kernel ops they import live.
+FORWARD_MODULES = ("sglang.srt.layers.attention.flashinfer_backend", "sglang.srt.model_executor.forward_batch_info")
+
+
+def first_use_triton(modules: tuple = FORWARD_MODULES) -> dict:
+    """The Triton kernels (by name) of the sglang.kernels.ops modules the forward path imports: Triton compiles
+    each at its first launch with its own ptxas, and [aot] does not seed Triton's cache, so the proof lists them."""
+    import importlib
+    found, read, errors = set(), [], []
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as error:  # a release without the module: said, never a silent empty list
+            errors.append(f"{name}: {type(error).__name__}: {error}"[:300])
+            continue
+        read.append(name)
+        sources = {getattr(value, "__module__", "") for value in vars(module).values()}
+        for source in sorted(s for s in sources if isinstance(s, str) and s.startswith("sglang.kernels.ops.")):
+            for attribute, value in vars(sys.modules.get(source) or module).items():
+                if type(value).__name__ in ("JITFunction", "Autotuner", "Heuristics"):
+                    found.add(f"{source.rpartition('.')[2]}.{attribute}")
+    return {"triton": sorted(found), "modules": read, "errors": errors}
 
 
 def _control(what: str, loader, args: list) -> dict:

@@ -25,7 +25,7 @@ from .report import FAIL, PASS, SKIP, make_check
 from .system import run_command, run_python_json
 
 PROVE_TIMEOUT_S = 900
-_PACKAGE = __name__.rpartition(".")[0]  # imagebuild_probe in the zipapp, imagebuild.payload.probe in the tree
+PACKAGE = __name__.rpartition(".")[0]  # imagebuild_probe in the zipapp, imagebuild.payload.probe in the tree
 _NVCC_STANDIN = """#!/bin/sh
 # imagebuild's zero-JIT proof: nvcc may say its version (SGLang's cache key hashes it) and the archs it
 # knows (FlashInfer 0.7.2's get_nvcc_flags_list asks, compilation_context.py), never compile.
@@ -37,10 +37,10 @@ exit 1
 """
 
 
-def _package_root() -> str:
+def package_root() -> str:
     """The folder to put on sys.path so that this package imports by its own name (zip or source tree)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for _ in _PACKAGE.split("."):
+    for _ in PACKAGE.split("."):
         here = os.path.dirname(here)
     return here
 
@@ -142,8 +142,8 @@ def check_aot(expect: dict) -> dict:
             json.dump(spec, handle)
         env = dict(os.environ, FLASHINFER_DISABLE_JIT="1", SGLANG_CRASH_ON_JIT_COMPILE="1",
                    FLASHINFER_WORKSPACE_BASE=os.path.join(scratch, "workspace"),
-                   PYTHONPATH=_package_root(), PYTHONDONTWRITEBYTECODE="1")
-        code = (f"import sys; from {_PACKAGE}.kernels_aot import main; "
+                   PYTHONPATH=package_root(), PYTHONDONTWRITEBYTECODE="1")
+        code = (f"import sys; from {PACKAGE}.kernels_aot import main; "
                 "sys.exit(main(sys.argv[1:]))")
         with HiddenNvcc(cuda_home, manifest.get("nvcc_version", ""), scratch) as hidden:
             proof, status, errors = run_python_json(code, "prove", spec_path, path, timeout=PROVE_TIMEOUT_S, env=env)
@@ -247,4 +247,16 @@ def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls
               + (f" and an undeclared target missed ({target['module']})" if target else "")
               + (f"; nvcc was spawned {len(nvcc_queries)} time(s) to list its archs (FlashInfer's arch check at "
                  "load, nothing compiled): the image keeps nvcc for it" if nvcc_queries else ""))
-    return make_check("zero-jit", PASS, detail, **evidence)
+    return make_check("zero-jit", PASS, detail + first_use_said(sglang), **evidence)
+
+
+def first_use_said(sglang) -> str:
+    """What a server's first request still compiles, by name: Triton's kernels on the forward path."""
+    first = (sglang or {}).get("first_use") if isinstance(sglang, dict) else None
+    if not isinstance(first, dict):
+        return ""
+    names = [str(name) for name in first.get("triton") or []]
+    read = ", ".join(str(m) for m in first.get("modules") or []) or "no module"
+    said = (f"; still compiled at first use, by Triton with its own ptxas (not seeded): {len(names)} kernel(s) of the "
+            f"ops {read} import: {', '.join(names)}" if names else f"; no Triton kernel found in what {read} import")
+    return said + (f" (unreadable: {'; '.join(map(str, first['errors']))})" if first.get("errors") else "")
