@@ -112,10 +112,11 @@ def stage_of(module: str, substages: set[str] = SUBSTAGES) -> str:
     return "cli" if stage == "__main__" else stage
 
 
-# The one payload module whose job is to drive the image's own stack ([aot] builds and loads kernels
-# through FlashInfer's and SGLang's loaders): it may import that stack, inside functions only, so the
-# probe package still imports on a bare interpreter.
-STACK_DRIVERS = {"kernels_aot.py": {"torch", "flashinfer", "sglang"}, "kernels_moe.py": {"torch"}}
+# The payload modules whose job is to drive the image's own stack ([aot] builds and loads kernels through
+# FlashInfer's and SGLang's loaders; the GPU check launches them through their wrappers and ops): they may
+# import that stack, inside functions only, so the probe package still imports on a bare interpreter.
+STACK_DRIVERS = {"kernels_aot.py": {"torch", "flashinfer", "sglang"}, "kernels_moe.py": {"torch"},
+                 "gpu_launch.py": {"torch", "flashinfer", "sglang", "deep_gemm"}}
 
 
 def function_import_lines(path: Path) -> set[int]:

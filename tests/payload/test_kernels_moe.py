@@ -10,24 +10,19 @@ that takes a shape parameter the probe has no value for).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import tarfile
-import urllib.request
-import zipfile
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imagebuild.common import cache_dir
 from imagebuild.payload.probe import kernels_aot, kernels_moe
+from tests.releases import published_file, unpack_python
 
 RELEASES = {"0.7.1": "previous", "0.7.2": "pinned", "0.7.4": "newest"}
 BEFORE_SM120 = "0.2.14"  # an sdist: PyPI holds no wheel of it
-INDEX = "https://pypi.org/simple/flashinfer-python/"
 
 GLM = {"name": "glm-4.5-nvfp4-tp8", "quantization": "nvfp4", "experts": 160, "top_k": 8,
        "moe_intermediate_size": 1536, "hidden_size": 5120, "tp": [8], "ep": [1]}
@@ -35,46 +30,10 @@ DENSE_FP4 = {"name": "dense-nvfp4", "quantization": "nvfp4"}
 SPEC = {"archs": ["12.0f"], "shapes": [GLM, DENSE_FP4, {"name": "bf16"}]}
 
 
-def published_file(version: str) -> Path:
-    """FlashInfer `version`'s wheel (else its sdist) from PyPI, sha256-checked, kept in imagebuild's cache."""
-    request = urllib.request.Request(INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        files = json.loads(urllib.request.urlopen(request, timeout=60).read())["files"]
-    except OSError as error:
-        pytest.fail(f"PyPI's simple index cannot be read: {error}")
-    named = [f for f in files if f["filename"].startswith(f"flashinfer_python-{version}-") and
-             f["filename"].endswith(".whl")] or [f for f in files if f["filename"] == f"flashinfer_python-{version}.tar.gz"]
-    assert named, f"PyPI lists no file of flashinfer-python {version}"
-    chosen = named[0]
-    target = cache_dir() / "test-releases" / chosen["filename"]
-    if not target.exists() or hashlib.sha256(target.read_bytes()).hexdigest() != chosen["hashes"]["sha256"]:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with urllib.request.urlopen(chosen["url"], timeout=600) as answer, open(f"{target}.part", "wb") as out:
-            shutil.copyfileobj(answer, out)
-        Path(f"{target}.part").replace(target)
-    assert hashlib.sha256(target.read_bytes()).hexdigest() == chosen["hashes"]["sha256"]
-    return target
-
-
-def unpack_python(archive: Path, folder: Path) -> Path:
-    """The archive's flashinfer/**.py under folder; returns the package folder."""
-    if archive.suffix == ".whl":
-        with zipfile.ZipFile(archive) as wheel:
-            for name in wheel.namelist():
-                if name.startswith("flashinfer/") and name.endswith(".py"):
-                    wheel.extract(name, folder)
-        return folder / "flashinfer"
-    with tarfile.open(archive) as sdist:
-        members = [m for m in sdist.getmembers() if m.isfile() and m.name.endswith(".py")
-                   and m.name.split("/")[1:2] == ["flashinfer"]]
-        sdist.extractall(folder, members=members, filter="data")
-    return folder / members[0].name.split("/")[0] / "flashinfer"
-
-
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory):
     root = tmp_path_factory.mktemp("flashinfer")
-    return {version: unpack_python(published_file(version), root / version)
+    return {version: unpack_python(published_file("flashinfer-python", version), root / version)
             for version in [*RELEASES, BEFORE_SM120]}
 
 

@@ -282,7 +282,7 @@ def test_probe_runs_under_python_3_9():
     assert status in (0, 1) and report["host"]["python"].startswith("3.9")
     assert [check["name"] for check in report["checks"]] == [
         "interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm120", "imports", "torch-cuda",
-        "flashinfer-dynamo", "gpu", "gpu-compute", "zero-jit"]
+        "flashinfer-dynamo", "gpu", "gpu-kernels", "zero-jit"]
 
 
 # ---- the real thing: a venv with the pip CUDA toolchain and sgl-deep-gemm ----
@@ -359,7 +359,7 @@ def test_probe_passes_in_the_locked_venv(passing_run):
     failures = [check["detail"] for check in report["checks"] if check["status"] == "fail"]
     assert passing_run.status == 0 and report["ok"] is True, failures
     found = statuses(report)
-    assert found.pop("gpu") in ("pass", "skip") and found.pop("gpu-compute") in ("pass", "skip")
+    assert found.pop("gpu") in ("pass", "skip") and found.pop("gpu-kernels") in ("pass", "skip")
     assert found == {"interpreter": "pass", "packages": "pass", "cuda-toolchain": "pass",
                      "cuda-home": "pass", "deep-gemm-sm120": "pass",
                      # no torch in this venv: the stack tiers have nothing to check
@@ -499,11 +499,11 @@ def test_expect_rejects_malformed_stack_keys(key, value):
     assert expect is None and any(key in error for error in errors)
 
 
-def test_gpu_compute_tier_skips_without_a_gpu_or_without_torch():
-    """Tier 4 runs only where a GPU is visible (the task's device checks); here it must say why not."""
-    from imagebuild.payload.probe.gpu_compute import check_gpu_compute
-    assert check_gpu_compute({"torch_cuda": "13.0"}, gpu_visible=False)["detail"] == "no GPU visible"
-    assert check_gpu_compute({"torch_cuda": None}, gpu_visible=True)["detail"] == "no torch in the lock"
+def test_gpu_kernels_check_skips_without_a_gpu_or_without_torch():
+    """It runs only where a GPU is visible (the task's device checks); here it must say why not."""
+    from imagebuild.payload.probe.gpu_kernels import check_gpu_kernels
+    assert check_gpu_kernels({"torch_cuda": "13.0"}, gpu_visible=False)["detail"] == "no GPU visible"
+    assert check_gpu_kernels({"torch_cuda": None}, gpu_visible=True)["detail"] == "no torch in the lock"
 
 
 # Triton's get_ptxas as three releases wrote it (triton/backends/nvidia/compiler.py): 3.4+ takes the arch

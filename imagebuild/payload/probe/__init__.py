@@ -21,7 +21,8 @@ Each check is a small function returning a plain dict.
       findings_cuda.py  findings on toolkits, CUDA homes and CUDA versions
       findings_host.py  findings on driver, interpreter, Triton, GPU arch, FlashInfer, caches
       findings_kernels.py  findings on prebuilt kernels: deep_gemm's JIT cache, [aot]'s kernels for this GPU
-    gpu_compute.py    tier 4, where a GPU is visible: a small deep_gemm GEMM against a torch reference
+    gpu_kernels.py    check: gpu-kernels, where a GPU is visible: the image's kernels run here and match torch
+      gpu_launch.py   its child: every prebuilt kernel launched through FlashInfer's wrappers and SGLang's ops
     waste.py          what a site-packages tree cannot use on the target GPU (prune candidates)
     kernels_aot.py    [aot]: builds the serving shapes' kernels in the image's build step (drives the stack)
       kernels_moe.py  which FlashInfer modules a quantized MoE shape loads on SM12x, read from its source

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .deep_gemm import check_deep_gemm_sm120
 from .doctor import run_doctor
 from .expect import NO_EXPECTATIONS, load_expect
-from .gpu_compute import check_gpu_compute
+from .gpu_kernels import check_gpu_kernels
 from .gpus import DRIVER_VERSION_FILE
 from .inventory import run_inventory
 from .report import FAIL, make_check, make_report
@@ -30,7 +30,7 @@ from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter,
 
 
 CHECKS = ("interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm120", "imports", "torch-cuda",
-          "flashinfer-dynamo", "gpu", "gpu-compute", "zero-jit")
+          "flashinfer-dynamo", "gpu", "gpu-kernels", "zero-jit")
 
 
 def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = False, jobs: int | None = None,
@@ -52,7 +52,6 @@ def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = Fal
         ("torch-cuda", lambda: check_torch_cuda(expect)),
         ("flashinfer-dynamo", lambda: check_flashinfer_dynamo(expect)),
         ("gpu", check_gpu),
-        ("gpu-compute", lambda: check_gpu_compute(expect, gpu_visible())),
     )
     checks = tuple(check for check in checks if not only or check[0] in only)
 
@@ -66,15 +65,17 @@ def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = Fal
     with ThreadPoolExecutor(max_workers=len(checks) + 1 if jobs > 1 else 1) as pool:
         futures = [pool.submit(guarded, check) for check in checks]
 
-        def zero_jit() -> dict:
-            # It hides nvcc: only the import tier, which runs no nvcc, may still be running.
+        def hiding_nvcc() -> list:
+            # Both hide nvcc, one after the other: only the import tier, which runs no nvcc, may still be running.
             for (name, _), future in zip(checks, futures):
                 if name != "imports":
                     future.result()
-            return guarded(("zero-jit", lambda: check_aot(expect)))
+            last = (("gpu-kernels", lambda: check_gpu_kernels(expect, gpu_visible())),
+                    ("zero-jit", lambda: check_aot(expect)))
+            return [guarded(check) for check in last if not only or check[0] in only]
 
-        last = [pool.submit(zero_jit)] if not only or "zero-jit" in only else []
-        results = [future.result() for future in futures] + [one.result() for one in last]  # in the checks' order
+        last = pool.submit(hiding_nvcc)
+        results = [future.result() for future in futures] + last.result()  # in the checks' order
     report = dict(make_report(results), jobs=jobs)
     if only:
         report["only"] = sorted(only)  # a report of some checks, never to be read as the whole smoke test
