@@ -17,7 +17,7 @@ from rich.console import Console
 
 from imagebuild import __version__, flows
 from imagebuild.cli.examples import HelpFormatter, epilog
-from imagebuild.cli.options import engine_option
+from imagebuild.cli.options import engine_option, gpus_chosen, gpus_options
 from imagebuild.cli.output import (Progress, line, make_console, print_base_moves, print_error, print_findings,
                                    print_package_moves, print_patch_results, print_smoke)
 from imagebuild.engine.contract import BuildCache
@@ -123,7 +123,7 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
     cmd.add_argument("--ca-bundle", help="CA roots for a TLS-intercepting proxy, passed as a build "
                      "secret (default: $IMAGEBUILD_CA_BUNDLE, $SSL_CERT_FILE, Debian's bundle)")
     engine_option(cmd)
-    cmd.add_argument("--no-gpus", action="store_true", help="smoke-test without GPUs even where they are visible")
+    gpus_options(cmd, "smoke-test")
     cmd.add_argument("--accept-unknown", action="store_true",
                      help="tag even when a smoke check ended unknown (nothing proved it); the report lists them. "
                           "The recipe's [smoke] accept_unknown accepts checks by name instead")
@@ -148,7 +148,7 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
     cmd = command("smoke", "re-run the in-image smoke test of a built image")
     cmd.add_argument("image")
     engine_option(cmd)
-    cmd.add_argument("--no-gpus", action="store_true", help="run without GPUs even where they are visible")
+    gpus_options(cmd, "run")
 
     cmd = command("patches", "check that a recipe's patches apply to the locked or another release")
     cmd.add_argument("recipe", type=Path)
@@ -244,7 +244,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         with progress.spinning("building"):
             report = flows.build(args.recipe, engine, flows.BuildOptions(lock_path=args.lock, relock=args.relock,
                                      run_smoke=not args.no_smoke, ca=args.ca_bundle,
-                                     keep_failed=args.keep_failed, gpus=False if args.no_gpus else None,
+                                     keep_failed=args.keep_failed, gpus=gpus_chosen(args),
                                      accept_unknown=args.accept_unknown,
                                      tag=args.tag, rebuild=args.rebuild, registry=registry, cache=cache,
                                      progress=progress))
@@ -264,7 +264,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if args.command == "smoke":
         with progress.spinning("smoke test"):
-            report = flows.smoke(args.image, engine, gpus=False if args.no_gpus else None,
+            report = flows.smoke(args.image, engine, gpus=gpus_chosen(args),
                                     progress=progress)
         if args.json:
             out.print_json(data=report.to_dict())

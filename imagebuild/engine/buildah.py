@@ -41,6 +41,16 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()]) if match else 0
 
 
+def gpu_devices(gpus: bool | tuple, found: list) -> list:
+    """The /dev/nvidia* nodes a container of these GPUs needs: every one for True; for GPU numbers, those
+    GPUs' own nodes (/dev/nvidiaN) and every shared one (nvidiactl, nvidia-uvm, nvidia-caps, ...)."""
+    if not gpus:
+        return []
+    wanted = {f"/dev/nvidia{number}" for number in gpus} if gpus is not True else None
+    return sorted(device for device in found
+                  if wanted is None or device in wanted or not re.fullmatch(r"/dev/nvidia[0-9]+", device))
+
+
 def cache_flags(cache: BuildCache | None) -> list[str]:
     """buildah keeps its layer cache in a registry repository itself (one tag per cache key), during
     the build: it takes repositories, not tags, and 1.28 reads one source."""
@@ -107,15 +117,14 @@ class BuildahEngine(Engine):
         self._run("tag", image_id.removeprefix("sha256:"), ref)
 
     def run(self, image: str, command: Sequence[str], *, network: bool = False,
-            gpus: bool = False, timeout: float = 600) -> RunResult:
+            gpus: bool | tuple = False, timeout: float = 600) -> RunResult:
         container = self._run("from", "--pull-never", "--quiet", image.removeprefix("sha256:"))
         name = container.stdout.decode().strip()
         try:
             args = [self.buildah, "run", "--network", "host" if network else "none"]
-            if gpus:
-                for device in sorted(glob.glob("/dev/nvidia*")):
-                    if not os.path.isdir(device):
-                        args += ["--device", device]
+            for device in gpu_devices(gpus, glob.glob("/dev/nvidia*")):
+                if not os.path.isdir(device):
+                    args += ["--device", device]
             args += [name, "--", *command]
             try:
                 proc = subprocess.run(args, capture_output=True, timeout=timeout)

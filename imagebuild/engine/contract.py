@@ -87,8 +87,9 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def run(self, image: str, command: Sequence[str], *, network: bool = False,
-            gpus: bool = False, timeout: float = 600) -> RunResult:
-        """Run command in a fresh container that is removed afterwards."""
+            gpus: bool | tuple = False, timeout: float = 600) -> RunResult:
+        """Run command in a fresh container that is removed afterwards; gpus: True for every GPU of the
+        engine's host, or a tuple of GPU numbers ("0", "1")."""
 
     @abc.abstractmethod
     def inspect(self, ref: str) -> ImageInfo | None:

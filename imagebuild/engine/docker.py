@@ -132,9 +132,12 @@ class DockerEngine(Engine):
         self.client.api.tag(image_id, repository, tag)
 
     def run(self, image: str, command: Sequence[str], *, network: bool = False,
-            gpus: bool = False, timeout: float = 600) -> RunResult:
+            gpus: bool | tuple = False, timeout: float = 600) -> RunResult:
         """A foreign platform's image runs under the host's registered binfmt emulator."""
-        requests_ = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
+        requests_ = None
+        if gpus:  # what `docker run --gpus all` or `--gpus '"device=0,1"'` asks the daemon for
+            chosen = {"count": -1} if gpus is True else {"device_ids": list(gpus)}
+            requests_ = [docker.types.DeviceRequest(capabilities=[["gpu"]], **chosen)]
         container = self.client.containers.create(
             image, list(command), network_mode=None if network else "none",
             device_requests=requests_, detach=True)

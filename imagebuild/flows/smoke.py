@@ -50,7 +50,7 @@ def lock_built(info: ImageInfo) -> str | None:
     return None
 
 
-def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | None = None,
+def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | tuple | None = None,
           progress: Progress = quiet) -> SmokeReport:
     """Run the image's own probe against its own expectations, offline, in a throwaway container."""
     engine.check()
@@ -61,7 +61,8 @@ def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | N
     cached = smoke_cache_path(info.id, gpus)
     if use_cache and cached.is_file():
         return SmokeReport(image, True, json.loads(cached.read_text()), cached=True)
-    progress(f"smoke test: running the probe in {image} (network off{', GPUs on' if gpus else ''})")
+    on = "" if not gpus else ", GPUs " + ("all" if gpus is True else ",".join(gpus))
+    progress(f"smoke test: running the probe in {image} (network off{on})")
     result = engine.run(info.id, PROBE_COMMAND, network=False, gpus=gpus, timeout=SMOKE_TIMEOUT_S)
     try:
         report = json.loads(result.stdout)

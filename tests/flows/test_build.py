@@ -116,10 +116,12 @@ def test_no_engine_is_one_clear_error(monkeypatch):
         DockerEngine().check()
 
 
-def test_gpus_without_an_nvidia_runtime_is_one_clear_error(engine):
-    """This engine has no NVIDIA runtime (no GPU here): asking for GPUs must say what to install."""
+@pytest.mark.parametrize("gpus", [True, ("0", "1")], ids=["all", "by-number"])
+def test_gpus_without_an_nvidia_runtime_is_one_clear_error(engine, gpus):
+    """This engine has no NVIDIA runtime (no GPU here): asking for GPUs, all or by number, reaches the daemon,
+    which refuses it, and the error says what to install."""
     with pytest.raises(EngineUnavailable, match="nvidia-container-toolkit.*--no-gpus"):
-        engine.run(read_lock(REPO / "lockfiles" / "cuda-toolchain.lock").base.image_ref, ["true"], gpus=True)
+        engine.run(read_lock(REPO / "lockfiles" / "cuda-toolchain.lock").base.image_ref, ["true"], gpus=gpus)
 
 
 def test_pruned_files_never_reach_a_layer_and_leave_a_tombstone(engine, write_recipe, cleanup):
