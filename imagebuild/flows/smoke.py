@@ -131,6 +131,9 @@ def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | N
         raise SmokeFailed(f"no image {image!r} in the {engine.name} engine")
     gpus = os.path.exists("/dev/nvidiactl") if gpus is None else gpus
     cached = smoke_cache_path(info.id, gpus)
+    if cached is None:
+        progress("smoke test: nvidia-smi does not say which GPUs this host has: no pass is taken from record "
+                 "or put on it")
     if use_cache and cached is not None and cached.is_file():
         recorded = read_pass(cached)
         if recorded is not None:
