@@ -104,6 +104,18 @@ def said_checks(smoke: dict) -> str:
     return ", ".join(f"{c['name']} {c['status']}" for c in checks) or "no checks listed"
 
 
+def config_label(config: bytes, key: str) -> str | None:
+    """An image config's label `key` when it is text; None when the config has no such label or is no config."""
+    try:
+        data = json.loads(config)
+    except ValueError:
+        return None
+    run = data.get("config") if isinstance(data, dict) else None
+    labels = run.get("Labels") if isinstance(run, dict) else None
+    value = labels.get(key) if isinstance(labels, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def report_refusal(payload, manifest: str, config: str, lock_sha256: str) -> str | None:
     """Why an attached smoke report does not stand behind this manifest, config and lock; None when it does."""
     if not isinstance(payload, dict):
@@ -130,9 +142,7 @@ def vouch(client: RegistryClient, repository: str, digest: str, lock_sha256: str
         if media_type not in MANIFEST_TYPES:
             return None, f"it is a {media_type}, not one image's manifest"
         config_desc, _, _ = parse_manifest(data, f"{repository}@{digest}", media_type)
-        config = json.loads(get_blob(client, repository, config_desc))
-        labels = (config.get("config") or {}).get("Labels") or {} if isinstance(config, dict) else {}
-        label = labels.get(f"{LABEL_PREFIX}.lock.sha256") if isinstance(labels, dict) else None
+        label = config_label(get_blob(client, repository, config_desc), f"{LABEL_PREFIX}.lock.sha256")
         if label != lock_sha256:
             return None, (f"its config's {LABEL_PREFIX}.lock.sha256 label is {label if label else 'absent'}, "
                           f"not this lock's {lock_sha256}")

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild.flows.by_lock import (SMOKE_ARTIFACT, RegistryTarget, find_by_lock, lock_tag, report_refusal,
+from imagebuild.flows.by_lock import (SMOKE_ARTIFACT, RegistryTarget, config_label, find_by_lock, lock_tag, report_refusal,
                                       reuse_by_lock, tag_for_lock, vouch)
 from imagebuild.image.oci import MEDIA_CONFIG, MEDIA_LAYER_TAR, Descriptor, canonical_json, image_manifest, \
     write_blob, write_index
@@ -193,3 +193,21 @@ def test_any_attached_payload_is_judged_without_a_traceback(payload):
     assert why is None or isinstance(why, str)
     if why is None:
         assert payload["ok"] is True and payload["report"]["ok"] is True and payload["lock_sha256"] == LOCK
+
+
+def test_the_lock_label_is_read_from_a_config_and_nothing_else():
+    key = "io.imagebuild.lock.sha256"
+    assert config_label(json.dumps({"config": {"Labels": {key: LOCK}}}).encode(), key) == LOCK
+    for config in (b"", b"[]", b'{"config": null}', b'{"config": {"Labels": null}}', b'{"config": {"Labels": {"x": "y"}}}',
+                   json.dumps({"config": {"Labels": {key: 1}}}).encode(), b"\xff"):
+        assert config_label(config, key) is None
+
+
+@given(st.one_of(st.binary(max_size=200), st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(
+        st.sampled_from(["config", "Labels", "io.imagebuild.lock.sha256", "x"]), inner, max_size=3)),
+    max_leaves=10).map(lambda value: json.dumps(value).encode())))
+def test_any_config_a_registry_serves_is_read_without_a_traceback(config):
+    label = config_label(config, "io.imagebuild.lock.sha256")
+    assert label is None or isinstance(label, str)
