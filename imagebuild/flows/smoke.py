@@ -32,24 +32,24 @@ from imagebuild.render.paths import PROBE_COMMAND
 SMOKE_TIMEOUT_S = 1800
 
 
-# What a smoke pass on record is keyed by besides the image and the probe: each GPU the host shows.
-GPU_QUERY = ("nvidia-smi", "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader")
+# What a smoke pass on record is keyed by besides the image and the probe: each GPU the run sees.
+GPU_QUERY = ("nvidia-smi", "--query-gpu=index,name,compute_cap,driver_version", "--format=csv,noheader")
 NO_GPUS = "no-gpus"
 
 
-def gpus_listed(answer: str) -> str | None:
-    """The GPUs in nvidia-smi's answer to GPU_QUERY, one `name, compute capability, driver` line each in
-    its order; None when it lists none or is not that query's answer (then no pass is put on record)."""
-    rows = []
+def gpus_listed(answer: str) -> dict[str, str] | None:
+    """The GPUs in nvidia-smi's answer to GPU_QUERY: index -> `name, compute capability, driver`, in its
+    order; None when it lists none or is not that query's answer (then no pass is put on record)."""
+    listed: dict[str, str] = {}
     for line in answer.splitlines():
         if not line.strip():
             continue
         fields = [field.strip() for field in line.split(",")]
-        if len(fields) != 3 or not fields[0] or not re.fullmatch(r"\d+\.\d+", fields[1]) \
-                or not re.fullmatch(r"\d+(\.\d+)+", fields[2]):
+        if len(fields) != 4 or not fields[0].isdigit() or not fields[1] or fields[0] in listed \
+                or not re.fullmatch(r"\d+\.\d+", fields[2]) or not re.fullmatch(r"\d+(\.\d+)+", fields[3]):
             return None
-        rows.append(", ".join(fields))
-    return "\n".join(rows) or None
+        listed[fields[0]] = ", ".join(fields[1:])
+    return listed or None
 
 
 def _ask_nvidia_smi() -> str | None:
@@ -61,15 +61,19 @@ def _ask_nvidia_smi() -> str | None:
 
 
 def gpus_seen(gpus, ask: Callable[[], str | None] = _ask_nvidia_smi) -> str | None:
-    """What a smoke run sees: NO_GPUS without GPUs; with them, the host's GPUs as nvidia-smi lists them
-    (and the selection, when the caller named one); None when they cannot be read."""
+    """What a smoke run sees: NO_GPUS without GPUs; with them (True: all, or a tuple of GPU numbers), each
+    of those GPUs as nvidia-smi lists it on this host, one `name, compute capability, driver` line each;
+    None when they cannot be read (nvidia-smi missing, or a GPU number it does not list)."""
     if not gpus:
         return NO_GPUS
     answer = ask()
     listed = gpus_listed(answer) if answer is not None else None
     if listed is None:
         return None
-    return listed if isinstance(gpus, bool) else f"{listed}\nselected: {gpus}"
+    chosen = list(listed) if gpus is True else [str(number) for number in gpus]
+    if any(number not in listed for number in chosen):
+        return None
+    return "\n".join(listed[number] for number in chosen)
 
 
 def smoke_cache_key(image_id: str, probe_sha256: str, seen: str) -> str:

@@ -3,7 +3,7 @@ capability and driver, as nvidia-smi lists them, or none), and read again before
 report that says ok stands.
 
 No GPU on this machine: nvidia-smi's answers are recorded ones (the H200's is a real answer, taken with
-GPU_QUERY on an H200 host), handed to the key through its `ask` parameter; the test names say so."""
+GPU_QUERY on an H200 host; the others are written in its format), handed to the key through its `ask` parameter; the test names say so."""
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ from imagebuild.recipe.model import load_recipe
 REPO = Path(__file__).resolve().parents[2]
 
 IMAGE = "sha256:" + "5" * 64
-H200 = "NVIDIA H200, 9.0, 580.159.04\n"  # recorded on an H200 host
-H200_OLDER_DRIVER = "NVIDIA H200, 9.0, 570.124.06\n"
-H100 = "NVIDIA H100 80GB HBM3, 9.0, 580.159.04\n"
-RTX_PRO = "NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0, 580.159.04\n"
-TWO = H200 + RTX_PRO
+H200 = "0, NVIDIA H200, 9.0, 580.159.04\n"  # recorded on an H200 host
+H200_OLDER_DRIVER = "0, NVIDIA H200, 9.0, 570.124.06\n"
+H100 = "0, NVIDIA H100 80GB HBM3, 9.0, 580.159.04\n"
+RTX_PRO = "0, NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0, 580.159.04\n"
+TWO = H200 + RTX_PRO.replace("0, ", "1, ", 1)
 
 
 def recorded(answer):
@@ -44,10 +44,13 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_recorded_nvidia_smi_answers_no_gpu_here_are_read_gpu_by_gpu():
-    assert gpus_listed(H200) == "NVIDIA H200, 9.0, 580.159.04"
-    assert gpus_listed(TWO) == "NVIDIA H200, 9.0, 580.159.04\nNVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0, 580.159.04"
-    assert gpus_seen(True, recorded(TWO)) == gpus_listed(TWO)
-    assert gpus_seen("device=1", recorded(TWO)) == gpus_listed(TWO) + "\nselected: device=1"
+    h200, rtx = "NVIDIA H200, 9.0, 580.159.04", "NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0, 580.159.04"
+    assert gpus_listed(H200) == {"0": h200}
+    assert gpus_listed(TWO) == {"0": h200, "1": rtx}
+    assert gpus_seen(True, recorded(TWO)) == f"{h200}\n{rtx}"
+    assert gpus_seen(("1",), recorded(TWO)) == rtx  # --gpus 1: the GPU the run sees, not the host's all
+    assert gpus_seen(("1", "0"), recorded(TWO)) == f"{rtx}\n{h200}"
+    assert gpus_seen(("2",), recorded(TWO)) is None  # a GPU nvidia-smi does not list: nothing on record
     assert gpus_seen(False, recorded(TWO)) == NO_GPUS  # nvidia-smi is not asked without GPUs
 
 
@@ -61,16 +64,18 @@ def test_the_key_moves_with_each_gpu_name_capability_and_driver_recorded_answers
     assert without.name.startswith(IMAGE.replace(":", "-") + f"-probe-{payload.checksum()[:16]}-")
     other_image = smoke_cache_path("sha256:" + "6" * 64, True, recorded(H200)).name
     assert other_image != keys[H200]
-    assert smoke_cache_key(IMAGE, "0" * 64, gpus_listed(H200)) != smoke_cache_key(IMAGE, "1" * 64, gpus_listed(H200))
+    assert smoke_cache_key(IMAGE, "0" * 64, "x") != smoke_cache_key(IMAGE, "1" * 64, "x")
+    assert smoke_cache_path(IMAGE, ("0",), recorded(TWO)).name == keys[H200]  # GPU 0 of two is the H200 alone
 
 
 @pytest.mark.parametrize("answer", [
     None,  # nvidia-smi missing or failed
     "",  # it listed nothing
     "No devices were found\n",
-    "NVIDIA H200, [N/A], 580.159.04\n",  # a driver too old to report the compute capability
+    "0, NVIDIA H200, [N/A], 580.159.04\n",  # a driver too old to report the compute capability
     "Field \"compute_cap\" is not a valid field to query.\n",
-    "NVIDIA H200, 9.0\n",
+    "NVIDIA H200, 9.0, 580.159.04\n",  # the answer to another query (no index)
+    "0, NVIDIA H200, 9.0, 580.159.04\n0, NVIDIA H200, 9.0, 580.159.04\n",  # one index twice
 ])
 def test_gpus_that_cannot_be_read_put_nothing_on_record_recorded_answers_no_gpu_here(answer):
     assert gpus_seen(True, recorded(answer)) is None
@@ -80,7 +85,8 @@ def test_gpus_that_cannot_be_read_put_nothing_on_record_recorded_answers_no_gpu_
 @given(st.text(max_size=300))
 def test_any_nvidia_smi_answer_is_read_without_a_traceback(answer):
     listed = gpus_listed(answer)
-    assert listed is None or all(len(line.split(", ")) >= 3 for line in listed.splitlines())
+    assert listed is None or (listed and all(number.isdigit() and len(gpu.split(", ")) == 3
+                                              for number, gpu in listed.items()))
 
 
 @pytest.mark.parametrize("text", ['{"ok": false, "checks": []}', '{"ok": "true"}', '{"checks": []}', "[]",
