@@ -25,6 +25,7 @@ from imagebuild.bootstrap.resolve import resolve_debs
 from imagebuild.bootstrap.rootfs import BOOTSTRAP_FORMAT, DPKG_EXCLUDES, bootstrap_locked, rootfs_path
 from imagebuild.bootstrap.sources import HOST_SOURCES, suite_uris
 from imagebuild.common import BOOTSTRAP_EPOCH, Progress, quiet, sha256_file
+from imagebuild.engine.contract import ImageInfo
 from imagebuild.errors import ImagebuildError, LockError
 from imagebuild.recipe.model import DebianBase, ImageBase
 
@@ -118,15 +119,47 @@ def locked_rootfs(identity: BaseIdentity, base: DebianBase, progress: Progress =
     return tar
 
 
+def base_mismatch(info: ImageInfo | None, identity: BaseIdentity) -> str | None:
+    """Why the engine's image under the base's tag is not the locked base, or None when it is: the locked
+    base is one layer whose diff_id (the sha256 of the uncompressed layer tar, which the engine computes
+    as it imports) is the lock's rootfs sha256, for the lock's arch. A tag proves nothing: an image made
+    FROM the base and tagged with its name keeps the base's layer and adds its own."""
+    if info is None:
+        return "the engine has no image under that tag"
+    wanted = f"sha256:{identity.rootfs_sha256}"
+    layers = list(info.diff_ids)
+    if layers != [wanted]:
+        said = ", ".join(str(layer) for layer in layers) or "none"
+        return (f"its layers are [{said}], not the one layer {wanted} (the lock's rootfs sha256)"
+                + (f": {len(layers) - 1} more on top of it" if layers[:1] == [wanted] else ""))
+    arch = info.platform.split("/")[1] if info.platform.count("/") >= 1 else ""
+    if arch != identity.arch:
+        return f"it is for {info.platform or 'no platform'}, not linux/{identity.arch}"
+    return None
+
+
 def ensure_base_image(identity: BaseIdentity, base: DebianBase | ImageBase, engine,
                       progress: Progress = quiet) -> str:
-    """Make the locked base present in the engine and return how to name it in FROM."""
+    """Make the locked base present in the engine and return how to name it in FROM. An image already
+    under the base's tag is used only when its one layer is the lock's rootfs (base_mismatch); otherwise
+    the rootfs is bootstrapped from the lock and imported under the tag, saying why."""
     ref = identity.image_ref
-    if identity.kind == "image" or engine.image_exists(ref):
+    if identity.kind == "image":
         return ref
+    present = engine.inspect(ref)
+    why = base_mismatch(present, identity)
+    if why is None:
+        return ref
+    if present is not None:
+        progress(f"not using the engine's {ref} ({present.id}): {why}; rebuilding it from the lock")
     tar = locked_rootfs(identity, base, progress)
     progress(f"importing base {ref}")
     engine.import_rootfs(tar, ref, arch=identity.arch)
+    still = base_mismatch(engine.inspect(ref), identity)
+    if still is not None:
+        raise ImagebuildError(f"the {engine.name} engine imported the locked rootfs as {ref}, but {still}: "
+                              "this engine rewrites the layer it is given, so the base cannot be checked "
+                              "against the lock in it")
     return ref
 
 
@@ -149,5 +182,5 @@ def pending_updates(identity: BaseIdentity, base: DebianBase, progress: Progress
     return waiting
 
 
-__all__ = ["REQUIRED_PACKAGES", "base_moves", "bootstrap_inputs", "ensure_base_image", "identify",
+__all__ = ["REQUIRED_PACKAGES", "base_mismatch", "base_moves", "bootstrap_inputs", "ensure_base_image", "identify",
            "inputs_sha256", "locked_rootfs", "pending_updates", "resolve_base", "rootfs_path"]

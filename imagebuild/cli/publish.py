@@ -13,7 +13,8 @@ from imagebuild.cli.output import line
 from imagebuild.errors import EXIT_OK, ImagebuildError
 from imagebuild.flows.built import record_push
 from imagebuild.flows import lock_built
-from imagebuild.flows.by_lock import lock_tag
+from imagebuild.flows.by_lock import RegistryTarget, lock_tag, tag_for_lock
+from imagebuild.flows.smoke import smoke_on_record
 from imagebuild.registry.push_source import export_engine_image, parse_reference
 from imagebuild.registry.registry import DEFAULT_CHUNK, push
 
@@ -59,7 +60,7 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
         err.print(line(("›", "bold cyan"), " ", text))
 
     source = Path(args.source)
-    locked = None
+    locked, passed = None, None
     with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:
         exported = ""
         if not source.is_dir():
@@ -70,16 +71,21 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
                                       f"image in the engine")
             # An image built here from a lock, smoke-tested, goes up under its lock tag too, so the next
             # runner's `build --registry` finds it (never a derived image: its label is inherited).
-            locked = lock_built(engine.inspect(args.source))
+            info = engine.inspect(args.source)
+            locked = lock_built(info)
+            passed = smoke_on_record(info.id) if locked else None
             source = Path(tmp) / "layout"
             exported = export_engine_image(engine, args.source, source, progress)
         ref = parse_reference(args.reference)
         report = push(source, args.reference, layout_name=args.layout_name, ca_cert=args.ca_cert,
                       insecure_http=args.insecure_http, mount_from=args.mount_from,
                       chunk_size=args.chunk_size, retries=args.retries,
-                      also_tags=[lock_tag(locked)] if locked else [], progress=progress)
+                      progress=progress)
         report.source, report.exported_with = args.source, exported
-        if locked:
+        if locked and passed:  # its smoke report attached first, so the lock tag never names an image without it
+            target = RegistryTarget(f"{ref.registry}/{ref.repository}", ca_cert=args.ca_cert,
+                                    insecure_http=args.insecure_http)
+            tag_for_lock(target.client(progress), ref, report.digest, locked, passed, image_id=info.id)
             report.lock_tag = lock_tag(locked)
             record_push(locked, f"{ref.registry}/{ref.repository}", report.digest)
     if args.digest_file:
@@ -93,6 +99,7 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
     for entry in report.platforms:
         out.print(line("  ", entry["platform"] or "(no platform)", "  ", entry["digest"]))
     if report.lock_tag:
-        out.print(line("also tagged ", report.lock_tag, ": built here from that lock and smoke-tested"))
+        out.print(line("also tagged ", report.lock_tag, ": built here from that lock and smoke-tested; "
+                       "the smoke report is attached to it"))
     out.print(line(report.pinned))
     return EXIT_OK

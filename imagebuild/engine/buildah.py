@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping, Sequence
 
 from imagebuild.common import REPRO_EPOCH, Progress, quiet
-from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, RunResult, config_platform, split_ref
+from imagebuild.engine.contract import (BuildCache, Engine, ImageInfo, RunResult, config_platform, split_ref,
+                                        write_rootfs_archive)
 from imagebuild.engine.build_log import BUILD_LOG_LINES, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
@@ -168,15 +169,15 @@ class BuildahEngine(Engine):
         self._run("rmi", "-f", ref.removeprefix("sha256:"), check=False)
 
     def import_rootfs(self, tar: Path, ref: str, *, arch: str = "amd64") -> str:
-        container = self._run("from", "--quiet", "scratch").stdout.decode().strip()
-        try:
-            self._run("add", "--quiet", container, str(tar), "/")
-            self._run("config", "--arch", arch, "--os", "linux", container)
-            # No --timestamp here: it would set every mtime, and the rootfs's own are already fixed.
-            out = self._run("commit", "--quiet", container, ref)
-        finally:
-            self._run("rm", container, check=False)
-        return "sha256:" + out.stdout.decode().strip().removeprefix("sha256:")
+        """The tar pulled as a one-layer docker archive, so the layer is the tar as is (its diff_id the tar's
+        sha256, as with docker); `buildah add` would write a layer of its own."""
+        with tempfile.TemporaryDirectory(prefix="imagebuild-rootfs-") as tmp:
+            archive = Path(tmp) / "rootfs-image.tar"
+            with open(archive, "wb") as sink:
+                write_rootfs_archive(sink, tar, arch)
+            image_id = self._run("pull", "--quiet", f"docker-archive:{archive}").stdout.decode().strip()
+        self._run("tag", image_id.removeprefix("sha256:"), ref)
+        return "sha256:" + image_id.removeprefix("sha256:")
 
     @contextlib.contextmanager
     def export_rootfs(self, ref: str) -> Iterator[BinaryIO]:

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import hashlib
+import io
+import json
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
 
-from imagebuild.common import Progress, quiet
+from imagebuild.common import Progress, quiet, sha256_file
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,25 @@ def config_platform(os_name: str | None, architecture: str | None, variant: str 
     """An image config's os/architecture[/variant] as one platform string; amd64 when unsaid."""
     text = f"{os_name or 'linux'}/{architecture or 'amd64'}"
     return f"{text}/{variant}" if variant else text
+
+
+def write_rootfs_archive(sink: BinaryIO, tar: Path, arch: str, tags: Sequence[str] = ()) -> None:
+    """A rootfs tar as a one-layer image of `arch`, in `docker save`'s archive format, written to sink: its
+    config names the arch, its one layer is the tar as is, so the layer's diff_id is the tar's sha256 (the
+    lock's rootfs sha256), whichever engine loads it."""
+    diff_id = "sha256:" + sha256_file(tar)
+    config = {"architecture": arch, "os": "linux", **({"variant": "v8"} if arch == "arm64" else {}),
+              "config": {}, "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+              "history": [{"created_by": f"imagebuild: Debian rootfs {tar.name}"}]}
+    config_bytes = json.dumps(config, sort_keys=True).encode()
+    config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": list(tags), "Layers": ["rootfs/layer.tar"]}]).encode()
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as archive:
+        for name, data in ((config_name, config_bytes), ("manifest.json", manifest)):
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            archive.addfile(member, io.BytesIO(data))
+        archive.add(str(tar), arcname="rootfs/layer.tar", recursive=False)
 
 
 def split_ref(ref: str) -> tuple[str, str]:

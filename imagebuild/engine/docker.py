@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import json
 import os
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
@@ -18,8 +15,9 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from imagebuild.common import Progress, quiet, sha256_file
-from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, RunResult, config_platform, split_ref
+from imagebuild.common import Progress, quiet
+from imagebuild.engine.contract import (BuildCache, Engine, ImageInfo, RunResult, config_platform, split_ref,
+                                        write_rootfs_archive)
 from imagebuild.engine.build_log import BUILD_LOG_LINES, TAIL_SHOWN, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming, widen_pipe
 from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
@@ -283,25 +281,8 @@ class DockerEngine(Engine):
 
 
 def load_rootfs(engine: DockerEngine, tar: Path, ref: str, arch: str) -> str:
-    """A rootfs tar loaded as a one-layer image of `arch`: a `docker save`-format archive (its
-    config names the arch, its one layer is the tar as is, so the diff_id is the tar's sha256)
-    streamed into `docker load`."""
-    diff_id = "sha256:" + sha256_file(tar)
-    config = {"architecture": arch, "os": "linux", **({"variant": "v8"} if arch == "arm64" else {}),
-              "config": {}, "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-              "history": [{"created_by": f"imagebuild: Debian rootfs {tar.name}"}]}
-    config_bytes = json.dumps(config, sort_keys=True).encode()
-    config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
-    manifest = json.dumps([{"Config": config_name, "RepoTags": [ref], "Layers": ["rootfs/layer.tar"]}]).encode()
-
-    def write(sink: BinaryIO) -> None:
-        with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as archive:
-            for name, data in ((config_name, config_bytes), ("manifest.json", manifest)):
-                member = tarfile.TarInfo(name)
-                member.size = len(data)
-                archive.addfile(member, io.BytesIO(data))
-            archive.add(str(tar), arcname="rootfs/layer.tar", recursive=False)
-    text = engine.load(write, f"the {arch} rootfs {tar}")
+    """A rootfs tar loaded as a one-layer image of `arch` (write_rootfs_archive) streamed into `docker load`."""
+    text = engine.load(lambda sink: write_rootfs_archive(sink, tar, arch, tags=(ref,)), f"the {arch} rootfs {tar}")
     info = engine.inspect(ref)
     if info is None:
         raise BuildFailed(f"docker load of {tar} did not leave {ref}: {text}")

@@ -24,7 +24,7 @@ from imagebuild.engine.contract import split_ref
 from imagebuild.errors import BuildFailed, ImagebuildError
 from imagebuild.flows import built
 from imagebuild.flows.build_cache import push_build_cache
-from imagebuild.flows.by_lock import RegistryTarget, push_by_lock, reuse_by_lock
+from imagebuild.flows.by_lock import RegistryTarget, push_by_lock, reuse_by_lock, said_checks
 from imagebuild.render.markers import explain as explain_build_failure
 from imagebuild.flows.findings import across_platforms, located, locked_findings, merged, recipe_findings, \
     stop_on_errors
@@ -110,7 +110,8 @@ def build_single(recipe: Recipe, current: Lock, path: Path, engine: Engine, opti
         if hit:
             timings["registry"] = time.monotonic() - clock
             options.progress(f"reusing {hit.reference}: the registry holds the image built from this lock "
-                             f"({hit.lock_reference})")
+                             f"({hit.lock_reference}), and the smoke report that passed for it "
+                             f"({hit.smoke['artifact']}: {said_checks(hit.smoke)})")
             return BuildReport(str(recipe.path), hit.reference, hit.digest, 0, timings, None, str(path), findings,
                                reused=True, registry={**asdict(hit), "pushed": False})
     platform = None if current.base.arch == host_arch() else platform_name(current.base.arch)
@@ -236,7 +237,10 @@ def pushed(report: BuildReport, registry: RegistryTarget | None, current: Lock, 
     if registry is None:
         return report
     clock = time.monotonic()
-    hit = push_by_lock(engine, report.image, registry, current.sha256, split_ref(report.image)[1], options.progress)
+    if report.smoke is None or not report.smoke.ok:
+        raise ImagebuildError(f"{report.image} has no smoke report that passed: it is not pushed under its lock tag")
+    hit = push_by_lock(engine, report.image, registry, current.sha256, split_ref(report.image)[1],
+                       report.smoke.report, options.progress, image_id=report.image_id)
     built.record_push(current.sha256, repository(registry), hit.digest)
     report.seconds["push"] = time.monotonic() - clock
     report.registry = {**asdict(hit), "pushed": True}

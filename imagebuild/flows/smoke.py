@@ -1,6 +1,6 @@
 """The smoke flow: the image's own probe run against its own expectations, offline, in a throwaway
-container; a pass on record per image id (under this probe, with or without GPUs); and the gate a
-build passes before its image is tagged.
+container; a pass on record per image id, under this probe, on the GPUs seen (names, compute
+capabilities, driver) or none; and the gate a build passes before its image is tagged.
 
     smoke(image, engine)              run the probe (or take a pass on record with use_cache)
     smoke_and_tag(image_id, ...)      smoke, then tag; a failed smoke or an unaccepted `unknown` tags nothing
@@ -9,13 +9,17 @@ build passes before its image is tagged.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 from imagebuild import payload
-from imagebuild.common import Progress, cache_dir, quiet
+from imagebuild.common import Progress, cache_dir, quiet, write_atomic
 from imagebuild.engine import Engine, ImageInfo
 from imagebuild.errors import SmokeFailed
 from imagebuild.flows import built
@@ -28,16 +32,88 @@ from imagebuild.render.paths import PROBE_COMMAND
 SMOKE_TIMEOUT_S = 1800
 
 
-def smoke_cache_path(image_id: str, gpus: bool) -> Path:
-    """A pass on record is one image's, under this imagebuild's probe, with or without GPUs: a pass made
-    without a GPU says nothing of the GPU tier."""
-    key = f"{image_id.replace(':', '-')}-probe-{payload.checksum()[:16]}-{'gpus' if gpus else 'no-gpus'}"
-    return cache_dir() / "smoke" / f"{key}.json"
+# What a smoke pass on record is keyed by besides the image and the probe: each GPU the run sees.
+GPU_QUERY = ("nvidia-smi", "--query-gpu=index,name,compute_cap,driver_version", "--format=csv,noheader")
+NO_GPUS = "no-gpus"
+
+
+def gpus_listed(answer: str) -> dict[str, str] | None:
+    """The GPUs in nvidia-smi's answer to GPU_QUERY: index -> `name, compute capability, driver`, in its
+    order; None when it lists none or is not that query's answer (then no pass is put on record)."""
+    listed: dict[str, str] = {}
+    for line in answer.splitlines():
+        if not line.strip():
+            continue
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) != 4 or not fields[0].isdigit() or not fields[1] or fields[0] in listed \
+                or not re.fullmatch(r"\d+\.\d+", fields[2]) or not re.fullmatch(r"\d+(\.\d+)+", fields[3]):
+            return None
+        listed[fields[0]] = ", ".join(fields[1:])
+    return listed or None
+
+
+def _ask_nvidia_smi() -> str | None:
+    try:
+        proc = subprocess.run(GPU_QUERY, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def gpus_seen(gpus, ask: Callable[[], str | None] = _ask_nvidia_smi) -> str | None:
+    """What a smoke run sees: NO_GPUS without GPUs; with them (True: all, or a tuple of GPU numbers), each
+    of those GPUs as nvidia-smi lists it on this host, one `name, compute capability, driver` line each;
+    None when they cannot be read (nvidia-smi missing, or a GPU number it does not list)."""
+    if not gpus:
+        return NO_GPUS
+    answer = ask()
+    listed = gpus_listed(answer) if answer is not None else None
+    if listed is None:
+        return None
+    chosen = list(listed) if gpus is True else [str(number) for number in gpus]
+    if any(number not in listed for number in chosen):
+        return None
+    return "\n".join(listed[number] for number in chosen)
+
+
+def smoke_cache_key(image_id: str, probe_sha256: str, seen: str) -> str:
+    """The file name of a pass on record: the image id, the probe's checksum and the GPUs seen."""
+    gpus = NO_GPUS if seen == NO_GPUS else "gpus-" + hashlib.sha256(seen.encode()).hexdigest()[:16]
+    return f"{image_id.replace(':', '-')}-probe-{probe_sha256[:16]}-{gpus}"
+
+
+def smoke_cache_path(image_id: str, gpus, ask: Callable[[], str | None] = _ask_nvidia_smi) -> Path | None:
+    """Where a pass of this image, under this imagebuild's probe, with the GPUs the host shows (or none)
+    is on record: a pass on one GPU, driver or none says nothing of another. None when GPUs are asked
+    for but nvidia-smi does not say which: then nothing is put on record or taken from it."""
+    seen = gpus_seen(gpus, ask)
+    if seen is None:
+        return None
+    return cache_dir() / "smoke" / f"{smoke_cache_key(image_id, payload.checksum(), seen)}.json"
+
+
+def read_pass(path: Path) -> dict | None:
+    """The report on record at path when it is readable and says ok (true, the boolean); else None."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) and report.get("ok") is True else None
+
+
+def smoke_on_record(image_id: str) -> dict | None:
+    """A report on record for this image id, under this probe, that says ok (with or without GPUs)."""
+    pattern = f"{smoke_cache_key(image_id, payload.checksum(), NO_GPUS).removesuffix(NO_GPUS)}*.json"
+    for path in sorted((cache_dir() / "smoke").glob(pattern)):
+        report = read_pass(path)
+        if report is not None:
+            return report
+    return None
 
 
 def smoke_passed(image_id: str) -> bool:
     """Whether a smoke pass of this image id, under this probe, is on record (with or without GPUs)."""
-    return any(smoke_cache_path(image_id, gpus).is_file() for gpus in (False, True))
+    return smoke_on_record(image_id) is not None
 
 
 def lock_built(info: ImageInfo) -> str | None:
@@ -59,8 +135,14 @@ def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | t
         raise SmokeFailed(f"no image {image!r} in the {engine.name} engine")
     gpus = os.path.exists("/dev/nvidiactl") if gpus is None else gpus
     cached = smoke_cache_path(info.id, gpus)
-    if use_cache and cached.is_file():
-        return SmokeReport(image, True, json.loads(cached.read_text()), cached=True)
+    if cached is None:
+        progress("smoke test: nvidia-smi does not say which GPUs this host has: no pass is taken from record "
+                 "or put on it")
+    if use_cache and cached is not None and cached.is_file():
+        recorded = read_pass(cached)
+        if recorded is not None:
+            return SmokeReport(image, True, recorded, cached=True)
+        progress(f"smoke test: the report on record at {cached} is unreadable or does not say ok: running the probe")
     on = "" if not gpus else ", GPUs " + ("all" if gpus is True else ",".join(gpus))
     progress(f"smoke test: running the probe in {image} (network off{on})")
     result = engine.run(info.id, PROBE_COMMAND, network=False, gpus=gpus, timeout=SMOKE_TIMEOUT_S)
@@ -69,10 +151,12 @@ def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | t
     except json.JSONDecodeError:
         raise SmokeFailed(f"the probe in {image} printed no report (exit {result.exit_code}):\n"
                           f"{result.stderr[-3000:]}") from None
+    if not isinstance(report, dict):
+        raise SmokeFailed(f"the probe in {image} printed JSON that is not a report (exit {result.exit_code})")
     ok = result.exit_code == 0 and bool(report.get("ok"))
-    if ok:
+    if ok and cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps(report, indent=2, sort_keys=True))
+        write_atomic(cached, json.dumps(report, indent=2, sort_keys=True).encode())
     return SmokeReport(image, ok, report)
 
 

@@ -6,9 +6,12 @@
                     mounted or uploaded in resumable chunks, manifests last
     client.py       one session with a registry: TLS, retries with backoff, the auth handshake
     auth.py         credentials (environment, docker config, helpers), the challenge and token parsers
+    referrers.py    artifacts attached to a manifest (OCI 1.1 `subject`), listed by the referrers API or,
+                    where a registry has none, by the `sha256-<hex>` fallback tag; small manifest/blob reads
 
 Public surface: registry.push, registry.push_engine_image, registry.PushReport, registry.DEFAULT_CHUNK;
 push_source.parse_reference, Reference, export_engine_image; client.RegistryClient, describe;
+referrers.attach, referrers, read_artifact, get_manifest, get_blob;
 auth.Credentials, find_credentials, RegistryError, AuthFailed.
 
 May import: image, common, errors (and imagebuild's version, for the User-Agent). No engine code:

@@ -1,6 +1,8 @@
 """Build by lock against a real registry (docker-registry on loopback): the first run builds, smoke-tests
-and pushes under the recipe's tag and lock-<sha256>; a second run, with the image gone from the engine
-as on a fresh CI runner, finds it with a manifest HEAD and tags it: no build, no blob downloaded."""
+and pushes under the recipe's tag and lock-<sha256>, with its smoke report attached; a second run, with the
+image gone from the engine as on a fresh CI runner, finds it with a manifest HEAD, reads its config's lock
+label and the attached report, and tags it: no build, no layer downloaded. (tests/registry/test_referrers.py
+has the lock tags that are not taken.)"""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from imagebuild.cli.app import main as cli_main
 from imagebuild.errors import ImagebuildError
 from imagebuild.lock import read_lock
 from imagebuild.flows.by_lock import RegistryTarget, find_by_lock, lock_tag
+from imagebuild.image.oci import parse_manifest
+from imagebuild.registry.client import RegistryClient
+from imagebuild.registry.referrers import get_blob, get_manifest
 from tests import registry_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,9 +79,23 @@ def test_second_run_of_an_unchanged_lock_reuses_the_pushed_image_without_downloa
     print(f"second run of an unchanged lock: {seconds:.2f} s")  # measured, not asserted (docs/benchmarks.md)
     assert status == 0 and report["reused"] is True
     assert report["registry"] == {**first.registry, "pushed": False}
+    assert report["registry"]["smoke"]["checks"] == [{"name": c["name"], "status": c["status"]}
+                                                     for c in first.smoke.report["checks"]]  # the checks stated
     assert report["smoke"] is None and "build" not in report["seconds"]
     assert engine.inspect(ref) is None  # nothing was pulled into the engine or built
-    assert blob_downloads(registry.log) == blob_downloads(registry.log)[:downloads_before]
+    # Read to prove it: the config (its lock label) and the attached smoke report; no layer.
+    read = {re.search(r"/blobs/(sha256:[0-9a-f]{64})", line).group(1)
+            for line in blob_downloads(registry.log)[downloads_before:]}
+    session = RegistryClient(registry.host, insecure_http=True)
+    data, media_type, _ = get_manifest(session, "imagebuild-test/by-lock", first.registry["digest"])
+    config, layers, _ = parse_manifest(data, "the pushed manifest", media_type)
+    artifact = get_manifest(session, "imagebuild-test/by-lock", report["registry"]["smoke"]["artifact"])
+    _, payloads, subject = parse_manifest(artifact[0], "the smoke report's manifest")
+    assert subject.digest == first.registry["digest"]
+    assert read == {config.digest, payloads[0].digest} and not read & {layer.digest for layer in layers}
+    payload = json.loads(get_blob(session, "imagebuild-test/by-lock", payloads[0]))
+    assert (payload["manifest"], payload["config"], payload["image_id"]) == (
+        first.registry["digest"], config.digest, first.image_id)  # the pushed config is normalized: its own digest
 
     # --rebuild goes past the registry: the engine builds (or reuses its own image) and pushes again.
     again = flows.build(RECIPE, engine, flows.BuildOptions(tag=ref, registry=target, rebuild=True))
