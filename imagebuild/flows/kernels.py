@@ -58,6 +58,11 @@ def parse_stats(line: str) -> dict | None:
     times = _compile_times(value.get("compile_times"))
     if times:
         stats["compile_times"] = times
+    listed = value.get("rejected") if isinstance(value.get("rejected"), list) else []
+    rejected = [entry for entry in listed if isinstance(entry, dict)
+                and all(isinstance(entry.get(k), str) for k in ("kind", "name", "problem"))]
+    if rejected:
+        stats["rejected"] = [{k: entry[k] for k in ("kind", "name", "problem")} for entry in rejected]
     resumed = value.get("resumed_objects")
     if isinstance(resumed, int) and not isinstance(resumed, bool) and resumed > 0:
         stats["resumed_objects"] = resumed
@@ -106,6 +111,9 @@ def summary(kernels: dict) -> str:
             objects = sum(entry["objects"] for entry in times.values())
             text += (f"; {objects} objects, {sum(entry['cpu_s'] for entry in times.values()) / 60:.1f} CPU-minutes, "
                      f"the longest {max(entry['longest_s'] for entry in times.values()):.0f} s")
+        if kernels.get("rejected"):
+            text += (f"; {len(kernels['rejected'])} cached kernels were not the bytes their entries record and were "
+                     "compiled again: " + ", ".join(f"{e['kind']} {e['name']} ({e['problem']})" for e in kernels["rejected"]))
         if kernels.get("resumed_objects"):
             text += f"; {kernels['resumed_objects']} objects came from an interrupted compile of the same kernels"
     seeded = kernels.get("seeded")

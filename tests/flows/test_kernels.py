@@ -67,19 +67,31 @@ def test_objects_resumed_from_an_interrupted_compile_are_said_and_nonsense_is_dr
         assert "resumed_objects" not in report and "interrupted" not in summary(report)
 
 
+def test_cached_kernels_that_were_not_their_recorded_bytes_are_said_and_nonsense_is_dropped():
+    rejected = [{"kind": "flashinfer", "name": "sampling", "key": "a" * 64, "problem": "sha256 1, entry.json states 2"}]
+    report = parse_stats(STATS_MARK + json.dumps(dict(STATS, rejected=rejected)))
+    assert report["rejected"] == [{"kind": "flashinfer", "name": "sampling", "problem": "sha256 1, entry.json states 2"}]
+    assert summary(report).endswith("; 1 cached kernels were not the bytes their entries record and were compiled "
+                                    "again: flashinfer sampling (sha256 1, entry.json states 2)")
+    for nonsense in (3, "x", {"kind": "a"}, [{"kind": 1, "name": "n", "problem": "p"}], [5], None, []):
+        report = parse_stats(STATS_MARK + json.dumps(dict(STATS, rejected=nonsense)))
+        assert "rejected" not in report and "compiled again" not in summary(report)
+
+
 @given(st.text())
 def test_any_line_ends_in_stats_or_none(text):
     for printed in (text, STATS_MARK + text, f"#3 0.2 {STATS_MARK}{text}"):
         result = parse_stats(printed)
-        assert result is None or (set(result) - {"compile_times", "resumed_objects"}
+        assert result is None or (set(result) - {"compile_times", "resumed_objects", "rejected"}
                                   == {"compiled", "reused", "seconds", "jobs", "step"})
 
 
 @given(st.dictionaries(st.sampled_from(["compiled", "reused", "seconds", "jobs", "x", "compile_times",
-                                        "resumed_objects"]),
+                                        "resumed_objects", "rejected"]),
                        st.recursive(st.one_of(st.integers(), st.floats(allow_nan=True), st.booleans(), st.none(),
                                               st.text()),
-                                    lambda inner: st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)))
+                                    lambda inner: st.dictionaries(st.text(max_size=8), inner, max_size=3)
+                                    | st.lists(inner, max_size=3), max_leaves=8)))
 def test_any_json_object_ends_in_stats_or_none(value):
     result = parse_stats(STATS_MARK + json.dumps(value))
     if result is not None:

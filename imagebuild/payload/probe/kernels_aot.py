@@ -32,11 +32,12 @@ import tempfile
 import time
 
 try:
-    from . import compile_resume, kernel_cache, kernels_moe
+    from . import compile_resume, kernel_cache, kernel_inputs, kernels_moe
     from .waste import elf_sections, fatbin_code
 except ImportError:  # run as a script from a folder holding the modules above too (the [aot] step)
     import compile_resume
     import kernel_cache
+    import kernel_inputs
     import kernels_moe
     from waste import elf_sections, fatbin_code
 
@@ -314,7 +315,7 @@ def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
     from flashinfer.jit import env as flashinfer_env
     planned = flashinfer_modules(spec["shapes"], spec["archs"], dry=True)
     generated = str(getattr(flashinfer_env, "FLASHINFER_GEN_SRC_DIR", flashinfer_env.FLASHINFER_WORKSPACE_DIR))
-    keys = {name: kernel_cache.flashinfer_key(entry["spec"], build_wide, generated) for name, entry in planned.items()}
+    keys = {name: kernel_inputs.flashinfer_key(entry["spec"], build_wide, generated) for name, entry in planned.items()}
     source = {name: cache.find(keys[name], name) for name in planned}
     missing = sorted(name for name in planned if source[name] is None)
     started = time.monotonic()
@@ -355,6 +356,8 @@ def build_sglang(spec: dict, cache, jobs: int, namespace: str) -> tuple:
     its target once per process), `jobs` of them at once."""
     image_cache = sglang_cache_dir()
     shared = cache.sglang_root(namespace) or image_cache
+    if cache.sglang_root(namespace):
+        cache.check_sglang(namespace)  # a leaf not its recorded bytes is removed: SGLang compiles it again
     before = _leaves(shared)
     started = time.monotonic()
     env = dict(os.environ, SGLANG_JIT_CACHE_DIR=shared)
@@ -379,12 +382,13 @@ def build_sglang(spec: dict, cache, jobs: int, namespace: str) -> tuple:
     seconds = round(time.monotonic() - started, 1)
     artifacts, compiled = [], len(used - before)
     for leaf in sorted(used):
+        kernel_cache.record_sglang(leaf)
         relative = os.path.relpath(leaf, os.path.realpath(shared))
         target = os.path.join(image_cache, relative)
         if os.path.realpath(target) != os.path.realpath(leaf):
             shutil.copytree(leaf, target, dirs_exist_ok=True)
             os.utime(leaf, None)
-        for log in BUILD_LOGS:  # the image holds what its inputs decide: not when this build ran
+        for log in BUILD_LOGS + (kernel_cache.SGLANG_RECORD,):  # the image holds what its inputs decide and SGLang reads
             if os.path.lexists(os.path.join(target, log)):
                 os.remove(os.path.join(target, log))
         for path in sorted(_shared_objects(target)):
@@ -423,7 +427,7 @@ def build(spec: dict, manifest_path: str) -> tuple:
     stats = {"compiled": compiled, "reused": len(artifacts) - compiled, "seconds": round(seconds, 1), "jobs": jobs,
              "cache": cache.root, "peak_compile_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024,
              "cache_after": cache.trim(kernel_cache.bound()), "compile_times": times,
-             "resumed_objects": resumed}
+             "resumed_objects": resumed, "rejected": cache.rejected}
     return manifest, stats
 
 
