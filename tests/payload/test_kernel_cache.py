@@ -5,6 +5,8 @@ compiles in two processes differ without the shim, and are byte-identical with i
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import os
 import re
 import shutil
@@ -18,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from imagebuild.payload.probe import kernel_cache, kernel_inputs
-from imagebuild.payload.probe.compile_resume import Resumable, logged_outputs
+from imagebuild.payload.probe.compile_resume import PROGRESS_MARK, Resumable, Watch, logged_outputs
 from imagebuild.payload.probe.kernel_cache import KernelCache
 
 # Anonymous namespaces are what the module id names: the symbol nvcc makes differ from run to run.
@@ -523,3 +525,48 @@ def test_any_ninja_log_text_gives_its_outputs_or_nothing(tmp_path_factory, text)
     log = tmp_path_factory.mktemp("log") / ".ninja_log"
     log.write_bytes(text.encode("utf-8", "surrogatepass"))
     assert all(isinstance(output, str) for output in logged_outputs(str(log)))
+
+
+# ---------------------------------------------------------------- progress: objects done of total, per module
+
+PROGRESS_NINJA = """rule cuda_compile
+  command = cp $in $out
+rule link
+  command = cat $in > $out
+build {ops}/{name}/a.cuda.o: cuda_compile {src}/a.cu
+build {ops}/{name}/b.cuda.o: cuda_compile $
+    {src}/b.cu
+build {ops}/{name}/{name}.so: link {ops}/{name}/a.cuda.o {ops}/{name}/b.cuda.o
+"""
+
+
+class WatchedSpec:
+    """What compile_resume.Watch reads of a FlashInfer JitSpec: name, ninja_path, jit_library_path."""
+
+    def __init__(self, ops: Path, src: Path, name: str):
+        self.name, self.ninja_path = name, ops / name / "build.ninja"
+        self.jit_library_path = ops / name / f"{name}.so"
+        self.ninja_path.parent.mkdir(parents=True)
+        self.ninja_path.write_text(PROGRESS_NINJA.format(ops=ops, src=src, name=name))
+
+
+@pytest.mark.needs_tool("ninja")
+def test_the_watch_says_each_modules_objects_done_of_its_total_from_ninjas_log(tmp_path):
+    ops, src = tmp_path / "cached_ops", tmp_path / "src"
+    src.mkdir()
+    (src / "a.cu").write_text("a")
+    (src / "b.cu").write_text("b")
+    specs = [WatchedSpec(ops, src, "sampling"), WatchedSpec(ops, src, "cascade")]
+    (ops / "build.ninja").write_text("".join(f"subninja {one.ninja_path}\n" for one in specs))
+    out = io.StringIO()
+    watch = Watch(specs, out=out)
+    assert {name: len(objects) for name, objects in watch.objects.items()} == {"sampling": 2, "cascade": 2}
+    subprocess.run(["ninja", "-C", str(ops), f"{ops}/sampling/a.cuda.o"], check=True, capture_output=True)
+    watch.poll()
+    subprocess.run(["ninja", "-C", str(ops)], check=True, capture_output=True)
+    watch.poll("compiled")
+    events = [json.loads(line[len(PROGRESS_MARK):]) for line in out.getvalue().splitlines()]
+    assert [(e["name"], e["state"], e["objects_done"], e["objects"]) for e in events] == [
+        ("cascade", "compiling", 0, 2), ("sampling", "compiling", 1, 2),
+        ("cascade", "compiled", 2, 2), ("sampling", "compiled", 2, 2)]
+    assert all(e["kind"] == "flashinfer" and e["seconds"] >= 0 for e in events)

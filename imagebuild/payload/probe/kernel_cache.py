@@ -10,7 +10,8 @@ compiles against. A hit is checked against the sha256 its entry.json records; a 
 in the step's stats. SGLang's JIT cache is content-addressed by what its compiler's dependency output lists
 (sglang/kernels/jit/utils/compile/cache.py: a leaf is used only when its sources and headers hash to its
 name) and is shared as it is, under sglang/<build-wide namespace>; it does not check the module's own
-bytes, so each leaf gets a record of its module's sha256 (SGLANG_RECORD), checked before SGLang runs.
+bytes, so each leaf gets a record of its module's sha256 (SGLANG_RECORD, copied into the image with the leaf),
+checked before SGLang runs and when a leaf is seeded.
 
     ROOT/flashinfer/<key>/<module>.so     one module; entry.json says what it was built from
     ROOT/sglang/                          SGLang's own cache root (SGLANG_JIT_CACHE_DIR)

@@ -318,11 +318,14 @@ def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
     keys = {name: kernel_inputs.flashinfer_key(entry["spec"], build_wide, generated) for name, entry in planned.items()}
     source = {name: cache.find(keys[name], name) for name in planned}
     missing = sorted(name for name in planned if source[name] is None)
+    for name in sorted(set(planned) - set(missing)):
+        compile_resume.say({"kind": "flashinfer", "name": name, "state": "reused", "seconds": 0.0})
     started = time.monotonic()
     specs = [planned[name]["spec"] for name in missing]
     workspace = str(flashinfer_env.FLASHINFER_WORKSPACE_DIR)
     with compile_resume.Resumable(cache, workspace, [keys[name] for name in missing]) as run:
-        compile_flashinfer(specs, jobs)
+        with compile_resume.Watch(specs):
+            compile_flashinfer(specs, jobs)
         seconds = round(time.monotonic() - started, 1) if missing else 0.0  # the compile's wall time, all jobs
         times = compile_times(specs)
         for name in missing:
@@ -342,6 +345,8 @@ def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
 
 # What ninja writes beside SGLang's module: each command's start and end times. SGLang never reads it (a leaf is
 # never built again once published; sglang/kernels/jit/utils/compile/cache.py), so the image's copy leaves it out.
+# The module's record (kernel_cache.SGLANG_RECORD) stays: a registry's kernel layer seeds a fresh runner's cache
+# (flows/kernel_layer.py), and the seed checks each leaf against it.
 BUILD_LOGS = (".ninja_log",)
 
 
@@ -384,11 +389,13 @@ def build_sglang(spec: dict, cache, jobs: int, namespace: str) -> tuple:
     for leaf in sorted(used):
         kernel_cache.record_sglang(leaf)
         relative = os.path.relpath(leaf, os.path.realpath(shared))
+        compile_resume.say({"kind": "sglang", "name": "/".join(relative.split(os.sep)[:2]),
+                            "state": "reused" if leaf in before else "compiled", "seconds": None})
         target = os.path.join(image_cache, relative)
         if os.path.realpath(target) != os.path.realpath(leaf):
             shutil.copytree(leaf, target, dirs_exist_ok=True)
             os.utime(leaf, None)
-        for log in BUILD_LOGS + (kernel_cache.SGLANG_RECORD,):  # the image holds what its inputs decide and SGLang reads
+        for log in BUILD_LOGS:  # the image holds what its inputs decide: not when this build ran
             if os.path.lexists(os.path.join(target, log)):
                 os.remove(os.path.join(target, log))
         for path in sorted(_shared_objects(target)):
