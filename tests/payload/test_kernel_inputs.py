@@ -277,6 +277,8 @@ def test_any_build_ninja_text_reads_to_flags_and_libraries_without_a_traceback(t
     kernel_inputs.search_paths(kernel_inputs.compile_flags(variables))
     kernel_inputs.link_inputs(variables)
     assert all(isinstance(value, str) for value in variables.values())
+    found = kernel_inputs.module_inputs(text, [])
+    assert all(isinstance(path, str) for path, _ in found["files"])
 
 
 @settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])

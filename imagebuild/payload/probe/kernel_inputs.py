@@ -21,6 +21,7 @@ import hashlib
 import os
 import re
 import shlex
+import stat
 import subprocess
 
 try:
@@ -54,10 +55,12 @@ class SourceFile:
 
 def read_file(path: str) -> SourceFile | None:
     """The file's digest and directives, or None when it cannot be read."""
-    real = os.path.realpath(path)
     try:
+        real = os.path.realpath(path)
         status = os.stat(real)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a name with a NUL byte
+        return None
+    if not stat.S_ISREG(status.st_mode):  # a folder or a device is no source
         return None
     stamp = (status.st_size, status.st_mtime_ns, status.st_ino)
     known = _files.get(real)
