@@ -1,7 +1,9 @@
 """What the [aot] kernel step did in a build, read from the build's output: how many kernels it compiled,
 how many it took from the kernel cache, and the seconds its compiles took. The step prints one line
 (kernels_aot.STATS_MARK and a JSON object); a step the engine took from its builder cache prints nothing,
-and then nothing compiled and every kernel of the image came with the cached layer.
+and then nothing compiled and every kernel of the image came with the cached layer. While it runs, it prints
+a line per module reused, and per module compiling each time its finished objects change
+(compile_resume.PROGRESS_MARK): the build shows each as a line of its own, and its report keeps the last.
 
 A fresh runner's engine starts with an empty kernel cache mount: `seed_engine` fills it, before the build,
 from a folder of cache entries (kernel_layer.py reads them out of a registry build cache), by a
@@ -22,11 +24,14 @@ import jinja2
 from imagebuild.common import Progress, quiet
 from imagebuild.errors import ImagebuildError
 from imagebuild.payload.probe import kernel_cache
+from imagebuild.payload.probe.compile_resume import PROGRESS_MARK
 from imagebuild.payload.probe.kernels_aot import STATS_MARK
 
 SEED_TEMPLATE = Path(__file__).resolve().parent / "kernel-seed.Dockerfile.j2"
 
 COUNTS = ("compiled", "reused", "jobs")
+STATES = ("reused", "compiling", "compiled")
+KINDS = ("flashinfer", "sglang")
 SEED_COUNTS = ("flashinfer", "sglang", "present", "refused")
 
 
@@ -58,6 +63,11 @@ def parse_stats(line: str) -> dict | None:
     times = _compile_times(value.get("compile_times"))
     if times:
         stats["compile_times"] = times
+    listed = value.get("rejected") if isinstance(value.get("rejected"), list) else []
+    rejected = [entry for entry in listed if isinstance(entry, dict)
+                and all(isinstance(entry.get(k), str) for k in ("kind", "name", "problem"))]
+    if rejected:
+        stats["rejected"] = [{k: entry[k] for k in ("kind", "name", "problem")} for entry in rejected]
     resumed = value.get("resumed_objects")
     if isinstance(resumed, int) and not isinstance(resumed, bool) and resumed > 0:
         stats["resumed_objects"] = resumed
@@ -77,20 +87,62 @@ def _compile_times(value) -> dict:
     return kept
 
 
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def parse_progress(line: str) -> dict | None:
+    """One module's progress from a line of build output (compile_resume.say): kind, name, state, and where known
+    objects_done, objects and seconds; None when the line is not one."""
+    at = line.find(PROGRESS_MARK)
+    if at < 0:
+        return None
+    try:
+        value = json.loads(line[at + len(PROGRESS_MARK):])
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or value.get("kind") not in KINDS or value.get("state") not in STATES or \
+            not isinstance(value.get("name"), str) or not value["name"]:
+        return None
+    event = {"kind": value["kind"], "name": value["name"][:300], "state": value["state"]}
+    if _count(value.get("objects_done")) and _count(value.get("objects")):
+        event["objects_done"], event["objects"] = value["objects_done"], value["objects"]
+    seconds = value.get("seconds")
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0:
+        event["seconds"] = float(seconds)
+    return event
+
+
+def progress_text(event: dict) -> str:
+    """A module's progress as the build shows it: name, what happened, objects done of total, seconds."""
+    text = f"kernel {event['name']} ({event['kind']}): "
+    text += "reused from the kernel cache" if event["state"] == "reused" else event["state"]
+    if "objects" in event:
+        text += f", {event['objects_done']} of {event['objects']} objects"
+    if event["state"] != "reused" and "seconds" in event:
+        text += f", {event['seconds']:.0f} s"
+    return text
+
+
 class KernelStepWatch:
-    """Wraps a build's progress callback: passes every line on, keeps the kernel step's stats."""
+    """Wraps a build's progress callback: passes every line on, says each module's progress as its own line, and
+    keeps the kernel step's stats and each module's last progress."""
 
     def __init__(self, progress: Progress):
-        self.progress, self.stats = progress, None
+        self.progress, self.stats, self.modules = progress, None, {}
 
     def __call__(self, line: str) -> None:
         self.stats = parse_stats(line) or self.stats
+        event = parse_progress(line)
+        if event is not None:
+            self.modules[(event["kind"], event["name"])] = event
+            self.progress(progress_text(event))
         self.progress(line)
 
     def report(self, cached_artifacts: Callable[[], int | None]) -> dict:
         """What the step did; when it did not run, how many kernels the cached layer holds."""
         if self.stats is not None:
-            return dict(self.stats)
+            return dict(self.stats, **({"modules": list(self.modules.values())} if self.modules else {}))
         return {"compiled": 0, "reused": cached_artifacts(), "seconds": 0.0, "jobs": None, "step": "cached"}
 
 
@@ -106,6 +158,9 @@ def summary(kernels: dict) -> str:
             objects = sum(entry["objects"] for entry in times.values())
             text += (f"; {objects} objects, {sum(entry['cpu_s'] for entry in times.values()) / 60:.1f} CPU-minutes, "
                      f"the longest {max(entry['longest_s'] for entry in times.values()):.0f} s")
+        if kernels.get("rejected"):
+            text += (f"; {len(kernels['rejected'])} cached kernels were not the bytes their entries record and were "
+                     "compiled again: " + ", ".join(f"{e['kind']} {e['name']} ({e['problem']})" for e in kernels["rejected"]))
         if kernels.get("resumed_objects"):
             text += f"; {kernels['resumed_objects']} objects came from an interrupted compile of the same kernels"
     seeded = kernels.get("seeded")

@@ -30,8 +30,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PATCHER_SOURCE = payload.PATCHER
 PRUNER_SOURCE = payload.PRUNER
 AOT_SOURCES = tuple(Path(bundle.SOURCE) / name  # the build step's script and what it runs with
-                    for name in ("kernels_aot.py", "kernels_moe.py", "kernel_cache.py", "compile_resume.py", "waste.py",
-                                 "deterministic_pid.c"))
+                    for name in ("kernels_aot.py", "kernels_moe.py", "kernel_cache.py", "kernel_inputs.py",
+                                 "compile_resume.py", "waste.py", "deterministic_pid.c"))
 LABEL_PREFIX = "io.imagebuild"
 
 

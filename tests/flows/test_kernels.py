@@ -8,7 +8,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild.flows.kernels import KernelStepWatch, parse_seeded, parse_stats, summary
+from imagebuild.flows.kernels import KernelStepWatch, parse_progress, parse_seeded, parse_stats, progress_text, summary
+from imagebuild.payload.probe.compile_resume import PROGRESS_MARK
 from imagebuild.payload.probe.kernel_cache import SEED_MARK
 from imagebuild.payload.probe.kernels_aot import STATS_MARK
 
@@ -67,19 +68,31 @@ def test_objects_resumed_from_an_interrupted_compile_are_said_and_nonsense_is_dr
         assert "resumed_objects" not in report and "interrupted" not in summary(report)
 
 
+def test_cached_kernels_that_were_not_their_recorded_bytes_are_said_and_nonsense_is_dropped():
+    rejected = [{"kind": "flashinfer", "name": "sampling", "key": "a" * 64, "problem": "sha256 1, entry.json states 2"}]
+    report = parse_stats(STATS_MARK + json.dumps(dict(STATS, rejected=rejected)))
+    assert report["rejected"] == [{"kind": "flashinfer", "name": "sampling", "problem": "sha256 1, entry.json states 2"}]
+    assert summary(report).endswith("; 1 cached kernels were not the bytes their entries record and were compiled "
+                                    "again: flashinfer sampling (sha256 1, entry.json states 2)")
+    for nonsense in (3, "x", {"kind": "a"}, [{"kind": 1, "name": "n", "problem": "p"}], [5], None, []):
+        report = parse_stats(STATS_MARK + json.dumps(dict(STATS, rejected=nonsense)))
+        assert "rejected" not in report and "compiled again" not in summary(report)
+
+
 @given(st.text())
 def test_any_line_ends_in_stats_or_none(text):
     for printed in (text, STATS_MARK + text, f"#3 0.2 {STATS_MARK}{text}"):
         result = parse_stats(printed)
-        assert result is None or (set(result) - {"compile_times", "resumed_objects"}
+        assert result is None or (set(result) - {"compile_times", "resumed_objects", "rejected"}
                                   == {"compiled", "reused", "seconds", "jobs", "step"})
 
 
 @given(st.dictionaries(st.sampled_from(["compiled", "reused", "seconds", "jobs", "x", "compile_times",
-                                        "resumed_objects"]),
+                                        "resumed_objects", "rejected"]),
                        st.recursive(st.one_of(st.integers(), st.floats(allow_nan=True), st.booleans(), st.none(),
                                               st.text()),
-                                    lambda inner: st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)))
+                                    lambda inner: st.dictionaries(st.text(max_size=8), inner, max_size=3)
+                                    | st.lists(inner, max_size=3), max_leaves=8)))
 def test_any_json_object_ends_in_stats_or_none(value):
     result = parse_stats(STATS_MARK + json.dumps(value))
     if result is not None:
@@ -107,3 +120,55 @@ def test_any_line_ends_in_seed_counts_or_none(text):
     for printed in (text, SEED_MARK + text):
         result = parse_seeded(printed)
         assert result is None or set(result) == set(SEEDED)
+
+
+def progress_line(**event) -> str:
+    return f"#12 61.3 {PROGRESS_MARK}{json.dumps(event)}"
+
+
+def test_each_modules_progress_is_a_line_of_its_own_and_the_report_keeps_the_last():
+    seen = []
+    watch = KernelStepWatch(seen.append)
+    for printed in (progress_line(kind="flashinfer", name="cascade", state="reused", seconds=0.0),
+                    progress_line(kind="flashinfer", name="sampling", state="compiling", objects_done=1, objects=3,
+                                  seconds=20.4),
+                    progress_line(kind="flashinfer", name="sampling", state="compiled", objects_done=3, objects=3,
+                                  seconds=61.2),
+                    progress_line(kind="sglang", name="sm120f/rope", state="compiled", seconds=None),
+                    f"#12 70.0 {STATS_MARK}{json.dumps(STATS)}"):
+        watch(printed)
+    assert [line for line in seen if not line.startswith("#")] == [
+        "kernel cascade (flashinfer): reused from the kernel cache",
+        "kernel sampling (flashinfer): compiling, 1 of 3 objects, 20 s",
+        "kernel sampling (flashinfer): compiled, 3 of 3 objects, 61 s",
+        "kernel sm120f/rope (sglang): compiled"]
+    assert len([line for line in seen if line.startswith("#")]) == 5  # every build line is passed on too
+    modules = watch.report(lambda: 0)["modules"]
+    assert [(m["name"], m["state"], m.get("objects_done")) for m in modules] == [
+        ("cascade", "reused", None), ("sampling", "compiled", 3), ("sm120f/rope", "compiled", None)]
+
+
+def test_lines_that_only_look_like_progress_are_not_progress():
+    for printed in (PROGRESS_MARK + "{", PROGRESS_MARK + "[]", progress_line(kind="cuda", name="x", state="reused"),
+                    progress_line(kind="flashinfer", name="", state="reused"),
+                    progress_line(kind="flashinfer", name="x", state="done"),
+                    progress_line(kind="flashinfer", name=3, state="reused")):
+        assert parse_progress(printed) is None, printed
+    odd = parse_progress(progress_line(kind="flashinfer", name="x", state="compiling", objects_done=True, objects=3,
+                                       seconds=-1))
+    assert odd == {"kind": "flashinfer", "name": "x", "state": "compiling"}  # the nonsense fields are dropped
+
+
+@given(st.text())
+def test_any_line_ends_in_progress_or_none(text):
+    for printed in (text, PROGRESS_MARK + text):
+        event = parse_progress(printed)
+        assert event is None or progress_text(event).startswith("kernel ")
+
+
+@given(st.dictionaries(st.sampled_from(["kind", "name", "state", "objects_done", "objects", "seconds", "x"]),
+                       st.one_of(st.sampled_from(["flashinfer", "sglang", "reused", "compiling", "compiled"]),
+                                 st.integers(), st.floats(allow_nan=True), st.booleans(), st.none(), st.text())))
+def test_any_json_object_ends_in_progress_or_none(value):
+    event = parse_progress(PROGRESS_MARK + json.dumps(value))
+    assert event is None or progress_text(event).startswith(f"kernel {event['name']} ({event['kind']}): ")

@@ -5,6 +5,8 @@ compiles in two processes differ without the shim, and are byte-identical with i
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import os
 import re
 import shutil
@@ -17,8 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild.payload.probe import kernel_cache
-from imagebuild.payload.probe.compile_resume import Resumable, logged_outputs
+from imagebuild.payload.probe import kernel_cache, kernel_inputs
+from imagebuild.payload.probe.compile_resume import PROGRESS_MARK, Resumable, Watch, logged_outputs
 from imagebuild.payload.probe.kernel_cache import KernelCache
 
 # Anonymous namespaces are what the module id names: the symbol nvcc makes differ from run to run.
@@ -29,9 +31,9 @@ void launch(float* x) { scale<<<1, 32>>>(x); shift<<<1, 32>>>(x); }
 
 
 class NinjaSpec:
-    """What kernel_cache.flashinfer_key reads of FlashInfer's JitSpecNvcc (name, sources, write_ninja,
-    ninja_path), over files of the test's own: the key's rules, not FlashInfer's, are under test here; the
-    slow tier keys real FlashInfer specs (tests/test_kernel_step.py)."""
+    """What kernel_inputs.flashinfer_key reads of FlashInfer's JitSpecNvcc (name, sources, write_ninja,
+    ninja_path), over files of the test's own: the key's rules, not FlashInfer's, are under test here;
+    tests/payload/test_kernel_inputs.py keys real FlashInfer releases' specs."""
 
     def __init__(self, folder: Path, ninja: str, sources: dict):
         self.name, self.folder, self.ninja = "batch_prefill_test", folder, ninja
@@ -51,7 +53,7 @@ def key(tmp_path: Path, ninja="rule nvcc\n", sources=None, build=None, extra=Non
     for name, text in (extra or {}).items():
         (folder / name).write_text(text)
     spec = NinjaSpec(folder, ninja, sources or {"prefill.cu": "kernel"})
-    return kernel_cache.flashinfer_key(spec, build or {"nvcc": "13.0.88"}, str(tmp_path / "generated"))
+    return kernel_inputs.flashinfer_key(spec, build or {"nvcc": "13.0.88"}, str(tmp_path / "generated"))
 
 
 def test_the_key_holds_sources_flags_generated_headers_and_the_build(tmp_path):
@@ -69,7 +71,7 @@ def test_the_key_holds_sources_flags_generated_headers_and_the_build(tmp_path):
 def test_a_spec_without_a_build_ninja_is_not_keyed(tmp_path):
     class CuteSpec:
         name, sources = "cute", []
-    assert kernel_cache.flashinfer_key(CuteSpec(), {}, str(tmp_path)) is None
+    assert kernel_inputs.flashinfer_key(CuteSpec(), {}, str(tmp_path)) is None
 
 
 def test_entries_are_found_by_key_and_survive_as_written(tmp_path):
@@ -85,6 +87,63 @@ def test_entries_are_found_by_key_and_survive_as_written(tmp_path):
     # Storing the same key again (another build raced this one) keeps the first entry and leaves no staging.
     assert cache.store("k1", "mod", str(built)) == stored
     assert [p.name for p in (tmp_path / "cache" / "flashinfer").iterdir()] == ["k1"]
+
+
+def test_a_cached_module_that_is_not_its_recorded_bytes_is_a_miss_said_and_replaced(tmp_path):
+    built = tmp_path / "sampling.so"
+    built.write_bytes(b"\x7fELF sampling")
+    cache = KernelCache(str(tmp_path / "cache"))
+    stored = Path(cache.store("k" * 64, "sampling", str(built)))
+    assert KernelCache(str(tmp_path / "cache")).find("k" * 64, "sampling") == str(stored)  # the control: a hit
+    stored.write_bytes(b"\x7fELF sampling, one byte off")
+    reader = KernelCache(str(tmp_path / "cache"))
+    assert reader.find("k" * 64, "sampling") is None
+    (rejected,) = reader.rejected
+    assert rejected["name"] == "sampling" and rejected["kind"] == "flashinfer"
+    assert rejected["problem"].startswith("sha256 ") and hashlib.sha256(built.read_bytes()).hexdigest() in rejected["problem"]
+    assert not (tmp_path / "cache" / "flashinfer" / ("k" * 64)).exists()  # removed: the compile stores its own
+    assert Path(reader.store("k" * 64, "sampling", str(built))).read_bytes() == built.read_bytes()
+    assert KernelCache(str(tmp_path / "cache")).find("k" * 64, "sampling")
+    # An entry.json naming another module, or none at all, is no hit either.
+    (tmp_path / "cache" / "flashinfer" / ("k" * 64) / "entry.json").write_text('{"name": "cascade", "sha256": "x"}')
+    other = KernelCache(str(tmp_path / "cache"))
+    assert other.find("k" * 64, "sampling") is None and "names 'cascade'" in other.rejected[0]["problem"]
+
+
+def sglang_leaf(root: Path, data: bytes = b"\x7fELF rope") -> Path:
+    leaf = root / "sglang" / NAMESPACE / "sm120f" / "rope" / "build-1" / "deps-2"
+    leaf.mkdir(parents=True)
+    (leaf / "rope.so").write_bytes(data)
+    (leaf / "sgl_deps.json").write_text("[]")
+    return leaf
+
+
+def test_an_sglang_leaf_is_checked_against_the_record_written_beside_its_module(tmp_path):
+    cache = KernelCache(str(tmp_path / "cache"))
+    leaf = sglang_leaf(tmp_path / "cache")
+    assert kernel_cache.record_sglang(str(leaf)) and not kernel_cache.record_sglang(str(leaf))  # written once
+    assert cache.check_sglang(NAMESPACE) == [] and leaf.is_dir()  # the control: its bytes, kept
+    (leaf / "rope.so").write_bytes(b"\x7fELF rope, changed")
+    (rejected,) = cache.check_sglang(NAMESPACE)
+    assert rejected["name"] == "sm120f/rope/build-1/deps-2" and "the record states" in rejected["problem"]
+    assert not leaf.exists() and cache.rejected == [rejected]
+    unrecorded = sglang_leaf(tmp_path / "cache")  # a leaf with no record cannot be checked: a miss too
+    assert "no readable record" in cache.check_sglang(NAMESPACE)[0]["problem"] and not unrecorded.exists()
+
+
+def test_seed_refuses_an_sglang_leaf_that_is_not_its_recorded_bytes(tmp_path):
+    source = tmp_path / "seed"
+    good = sglang_leaf(source)
+    kernel_cache.record_sglang(str(good))
+    bad = good.parent.parent / "build-3" / "deps-4"
+    bad.mkdir(parents=True)
+    (bad / "rope.so").write_bytes(b"\x7fELF other")
+    kernel_cache.record_sglang(str(bad))
+    (bad / "rope.so").write_bytes(b"\x7fELF tampered")
+    counts = KernelCache(str(tmp_path / "cache")).seed(str(source))
+    assert counts == {"flashinfer": 0, "sglang": 1, "present": 0, "refused": 1}
+    assert (tmp_path / "cache" / "sglang" / NAMESPACE / "sm120f" / "rope" / "build-1" / "deps-2" / "rope.so").exists()
+    assert not (tmp_path / "cache" / "sglang" / NAMESPACE / "sm120f" / "rope" / "build-3").exists()
 
 
 def test_no_root_keeps_nothing(tmp_path):
@@ -292,6 +351,7 @@ def seed_folder(tmp_path: Path) -> Path:
     leaf.mkdir(parents=True)
     (leaf / "rope.so").write_bytes(b"\x7fELF rope")
     (leaf / "meta.json").write_text("{}")
+    kernel_cache.record_sglang(str(leaf))
     (source / "sglang" / NAMESPACE / "sm120" / "rope" / ".staging-9").mkdir()  # half-written: not a leaf
     return source
 
@@ -302,7 +362,7 @@ def test_seed_adds_what_the_cache_lacks_and_refuses_a_module_that_is_not_its_sta
     assert counts == {"flashinfer": 1, "sglang": 1, "present": 0, "refused": 1}
     assert cache.find("a" * 64, "batch_prefill_x") and not cache.find("b" * 64, "cascade")
     leaf = Path(cache.sglang_root(NAMESPACE)) / "sm120" / "rope" / "deps-123"
-    assert sorted(p.name for p in leaf.iterdir()) == ["meta.json", "rope.so"]
+    assert sorted(p.name for p in leaf.iterdir()) == [kernel_cache.SGLANG_RECORD, "meta.json", "rope.so"]
     assert not list((tmp_path / "cache").rglob(".staging-*"))
 
 
@@ -465,3 +525,48 @@ def test_any_ninja_log_text_gives_its_outputs_or_nothing(tmp_path_factory, text)
     log = tmp_path_factory.mktemp("log") / ".ninja_log"
     log.write_bytes(text.encode("utf-8", "surrogatepass"))
     assert all(isinstance(output, str) for output in logged_outputs(str(log)))
+
+
+# ---------------------------------------------------------------- progress: objects done of total, per module
+
+PROGRESS_NINJA = """rule cuda_compile
+  command = cp $in $out
+rule link
+  command = cat $in > $out
+build {ops}/{name}/a.cuda.o: cuda_compile {src}/a.cu
+build {ops}/{name}/b.cuda.o: cuda_compile $
+    {src}/b.cu
+build {ops}/{name}/{name}.so: link {ops}/{name}/a.cuda.o {ops}/{name}/b.cuda.o
+"""
+
+
+class WatchedSpec:
+    """What compile_resume.Watch reads of a FlashInfer JitSpec: name, ninja_path, jit_library_path."""
+
+    def __init__(self, ops: Path, src: Path, name: str):
+        self.name, self.ninja_path = name, ops / name / "build.ninja"
+        self.jit_library_path = ops / name / f"{name}.so"
+        self.ninja_path.parent.mkdir(parents=True)
+        self.ninja_path.write_text(PROGRESS_NINJA.format(ops=ops, src=src, name=name))
+
+
+@pytest.mark.needs_tool("ninja")
+def test_the_watch_says_each_modules_objects_done_of_its_total_from_ninjas_log(tmp_path):
+    ops, src = tmp_path / "cached_ops", tmp_path / "src"
+    src.mkdir()
+    (src / "a.cu").write_text("a")
+    (src / "b.cu").write_text("b")
+    specs = [WatchedSpec(ops, src, "sampling"), WatchedSpec(ops, src, "cascade")]
+    (ops / "build.ninja").write_text("".join(f"subninja {one.ninja_path}\n" for one in specs))
+    out = io.StringIO()
+    watch = Watch(specs, out=out)
+    assert {name: len(objects) for name, objects in watch.objects.items()} == {"sampling": 2, "cascade": 2}
+    subprocess.run(["ninja", "-C", str(ops), f"{ops}/sampling/a.cuda.o"], check=True, capture_output=True)
+    watch.poll()
+    subprocess.run(["ninja", "-C", str(ops)], check=True, capture_output=True)
+    watch.poll("compiled")
+    events = [json.loads(line[len(PROGRESS_MARK):]) for line in out.getvalue().splitlines()]
+    assert [(e["name"], e["state"], e["objects_done"], e["objects"]) for e in events] == [
+        ("cascade", "compiling", 0, 2), ("sampling", "compiling", 1, 2),
+        ("cascade", "compiled", 2, 2), ("sampling", "compiled", 2, 2)]
+    assert all(e["kind"] == "flashinfer" and e["seconds"] >= 0 for e in events)

@@ -27,6 +27,7 @@ Each check is a small function returning a plain dict.
     kernels_aot.py    [aot]: builds the serving shapes' kernels in the image's build step (drives the stack)
       kernels_moe.py  which FlashInfer modules a quantized MoE shape loads on SM12x, read from its source
     kernel_cache.py   the kernel cache those builds keep across builds, keyed by what decides their bytes
+      kernel_inputs.py  what a FlashInfer module's compile reads (its #include closure), and its key
     zero_jit.py       check: zero-jit (the prebuilt kernels are there, for the recipe's GPUs, and found)
     deterministic_pid.c  the C shim [aot]'s compiles run under, so their bytes repeat
     inventory.py      inventory mode (--inventory): what an environment holds, for `imagebuild adopt`

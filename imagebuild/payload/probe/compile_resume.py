@@ -6,15 +6,22 @@ job's time limit, an OOM, Ctrl-C) would start again from nothing. Its objects ar
 (kernel_cache.KernelCache.partial: ROOT/partial/<digest of the modules' keys>) while it runs, so the next build
 of the same keys compiles only what was left. The keys hold everything that decides the bytes (sources,
 flags, compilers, headers), so an object kept is the object that would be compiled; ninja's own log and
-deps decide which are finished. Standard library only.
+deps decide which are finished. `Watch` reads the same log to say, per module, how many of its objects are
+done while the compile runs (one marked line each time a module advances: flows/kernels.py shows it). Standard
+library only.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
+import time
+
+PROGRESS_MARK = "imagebuild-kernel-progress: "  # a build output line: one module reused, compiling or compiled
 
 
 class Resumable:
@@ -111,3 +118,72 @@ def _copy_file(source: str, target: str) -> bool:
 def objects_under(folder: str) -> list:
     return sorted(os.path.join(root, name) for root, _, files in os.walk(folder) for name in files
                   if name.endswith(".o"))
+
+
+def say(event: dict, out=None) -> None:
+    """One progress line (PROGRESS_MARK and a JSON object: kind, name, state, objects_done, objects, seconds)."""
+    print(PROGRESS_MARK + json.dumps(event, sort_keys=True), file=out or sys.stdout, flush=True)
+
+
+def module_objects(ninja_path: str) -> list:
+    """The objects a module's build.ninja compiles (its `build OUT: compile|cuda_compile IN` lines)."""
+    try:
+        with open(ninja_path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read().replace("$\n", " ")
+    except OSError:
+        return []
+    found = []
+    for line in text.splitlines():
+        outputs, colon, rest = line[6:].partition(":") if line.startswith("build ") else ("", "", "")
+        if colon and rest.split()[:1] in (["compile"], ["cuda_compile"]):
+            found += [os.path.normpath(o) for o in outputs.split()]
+    return found
+
+
+class Watch:
+    """Says how a compile of FlashInfer modules advances: every `interval` seconds, for each module whose finished
+    objects (ninja's log) changed, a line with objects done of its total and the seconds since the compile began;
+    at the end, a line per module compiled. `specs`: FlashInfer JitSpecs (name, ninja_path, jit_library_path)."""
+
+    def __init__(self, specs: list, interval: float = 10.0, out=None):
+        self.interval, self.out, self.started = interval, out, time.monotonic()
+        self.objects = {one.name: set(module_objects(str(one.ninja_path))) for one in specs}
+        self.logs = sorted({os.path.join(os.path.dirname(os.path.dirname(str(one.jit_library_path))), ".ninja_log")
+                            for one in specs})
+        self.done = {name: -1 for name in self.objects}
+        self._stop = threading.Event()
+        self._thread = None
+
+    def finished(self) -> dict:
+        """Objects of each module ninja's logs name as built."""
+        built = set()
+        for log in self.logs:
+            built |= {os.path.normpath(o if os.path.isabs(o) else os.path.join(os.path.dirname(log), o))
+                      for o in logged_outputs(log)}
+        return {name: len(objects & built) for name, objects in self.objects.items()}
+
+    def poll(self, state: str = "compiling") -> None:
+        for name, count in sorted(self.finished().items()):
+            if count != self.done[name] or state != "compiling":
+                self.done[name] = count
+                say({"kind": "flashinfer", "name": name, "state": state, "objects_done": count,
+                     "objects": len(self.objects[name]), "seconds": round(time.monotonic() - self.started, 1)},
+                    self.out)
+
+    def __enter__(self) -> "Watch":
+        if self.objects:
+            self._thread = threading.Thread(target=self._keep, name="imagebuild-kernel-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def _keep(self) -> None:
+        self.poll()
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if kind is None and self.objects:
+            self.poll("compiled")

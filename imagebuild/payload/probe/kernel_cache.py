@@ -1,12 +1,17 @@
-"""The kernel cache: [aot]'s compiled kernels kept across builds, keyed by everything that decides their bytes.
+"""The kernel cache: [aot]'s compiled kernels kept across builds, keyed by every byte that decides them.
 
 FlashInfer keys its JIT folder by module name and leaves freshness to ninja's timestamps, which know
 nothing of nvcc, the host compiler or the headers; here each FlashInfer module is keyed by the sha256 of
-its generated sources, its build.ninja (every flag, include folder and the arch list), nvcc's and the host
-compiler's `--version`, the Debian toolchain packages, and the releases of every distribution whose headers
-it compiles against (FlashInfer, TVM-FFI, torch, the nvidia-* CUDA wheels). SGLang's JIT cache is already
-content-addressed and checks its own entries (sglang/kernels/jit/utils/compile/cache.py); it is shared as
-it is, under sglang/.
+every file its compile and link read (kernel_inputs.py: its sources, generated folders, build.ninja, and each
+header reachable through the include paths its build.ninja names, so a recipe patch to a header moves the
+modules that include it and no other), and by the build-wide half: nvcc's and the host compiler's
+`--version`, the Debian toolchain packages, and the releases of every distribution whose headers it
+compiles against. A hit is checked against the sha256 its entry.json records; a mismatch is a miss, listed
+in the step's stats. SGLang's JIT cache is content-addressed by what its compiler's dependency output lists
+(sglang/kernels/jit/utils/compile/cache.py: a leaf is used only when its sources and headers hash to its
+name) and is shared as it is, under sglang/<build-wide namespace>; it does not check the module's own
+bytes, so each leaf gets a record of its module's sha256 (SGLANG_RECORD, copied into the image with the leaf),
+checked before SGLang runs and when a leaf is seeded.
 
     ROOT/flashinfer/<key>/<module>.so     one module; entry.json says what it was built from
     ROOT/sglang/                          SGLang's own cache root (SGLANG_JIT_CACHE_DIR)
@@ -34,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 
-KEY_VERSION = 1
+KEY_VERSION = 2  # 2: a module's key holds every file its compile reads (kernel_inputs.py)
 MOUNT_ID = "imagebuild-kernels"  # the BuildKit cache mount the [aot] step keeps compiled kernels in
 MOUNT_DIR = "/var/cache/imagebuild/kernels"
 DEFAULT_BOUND = 8 << 30
@@ -43,6 +48,7 @@ HEADER_DISTRIBUTIONS = ("flashinfer", "nvidia-", "apache-tvm-ffi", "torch")
 # Debian packages of the host toolchain: system headers and the compiler nvcc hands host code to.
 TOOLCHAIN_DEBS = ("gcc", "g++", "cpp", "libstdc++", "libgcc", "libc6-dev", "linux-libc-dev", "binutils")
 PARTIAL = "partial"  # ROOT/partial: compiles under way, resumed by a build of the same keys
+SGLANG_RECORD = "imagebuild-module.json"  # beside an SGLang leaf's module: its name and sha256 (record_sglang)
 SEED_MARK = "imagebuild-kernel-seed: "  # the seed build's output line: what it added
 PID_SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deterministic_pid.c")
 
@@ -96,35 +102,8 @@ def fingerprint(cuda_home: str) -> dict:
             "pid_shim": sha256_file(PID_SHIM_SOURCE) if os.path.exists(PID_SHIM_SOURCE) else None}
 
 
-def _folder_digests(folder: str) -> list:
-    found = []
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            found.append((os.path.relpath(path, folder), sha256_file(path)))
-    return found
-
-
-def flashinfer_key(spec, build_wide: dict, generated_root: str) -> str | None:
-    """The module's key, or None when it cannot be keyed (a spec kind without a build.ninja)."""
-    write_ninja = getattr(spec, "write_ninja", None)
-    ninja_path = getattr(spec, "ninja_path", None)
-    if write_ninja is None or ninja_path is None:
-        return None
-    write_ninja()
-    with open(ninja_path, encoding="utf-8") as handle:
-        ninja = handle.read()
-    sources = [(str(path), sha256_file(str(path))) for path in spec.sources]
-    generated = os.path.realpath(generated_root) + os.sep
-    folders = sorted({os.path.dirname(os.path.realpath(str(p))) for p in spec.sources
-                      if os.path.realpath(str(p)).startswith(generated)})
-    parts = {"name": spec.name, "kind": type(spec).__name__, "ninja": ninja, "sources": sources,
-             "generated": [(folder, _folder_digests(folder)) for folder in folders], "build": build_wide}
-    return _digest(parts)
-
-
-def _digest(parts) -> str:
+def digest(parts) -> str:
+    """sha256 of a JSON value: a key from its parts."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -133,7 +112,7 @@ def sglang_namespace(build_wide: dict) -> str:
     inputs (sources, flags, nvcc's and its packages' versions), not by what else decides the bytes here (the
     pid shim, the host compiler, the toolchain's Debian packages): a change there must miss, as it does for
     FlashInfer's modules, whose keys hold the same build-wide half."""
-    return _digest(build_wide)[:16]
+    return digest(build_wide)[:16]
 
 
 class KernelCache:
@@ -142,19 +121,41 @@ class KernelCache:
     def __init__(self, root: str | None):
         self.root = root
         self.used: set = set()  # entry folders this build read or wrote: never trimmed by it
+        self.rejected: list = []  # entries found but not the bytes they record: each a miss
 
     def _entry(self, key: str) -> str:
         return os.path.join(self.root, "flashinfer", key)
 
     def find(self, key: str | None, name: str) -> str | None:
+        """The module's path when the cache holds it as its entry.json states (name and sha256); an entry that
+        does not is a miss, listed in `rejected` and removed, so the compile that follows can store its own."""
         if not self.root or not key:
             return None
-        path = os.path.join(self._entry(key), f"{name}.so")
-        if not os.path.isfile(path):
+        entry = self._entry(key)
+        if not os.path.isdir(entry):
             return None
-        os.utime(self._entry(key), None)
-        self.used.add(self._entry(key))
-        return path
+        problem = entry_problem(entry, name)
+        if problem:
+            self.rejected.append({"kind": "flashinfer", "name": name, "key": key, "problem": problem})
+            _discard(entry)
+            return None
+        os.utime(entry, None)
+        self.used.add(entry)
+        return os.path.join(entry, f"{name}.so")
+
+    def check_sglang(self, namespace: str) -> list:
+        """Every SGLang leaf in the namespace checked against the record imagebuild wrote beside its module
+        (record_sglang); a leaf that is not its recorded bytes is removed before SGLang can load it (SGLang
+        checks what the module was built from, not the module). Returns what was rejected, also in `rejected`."""
+        rejected = []
+        root = self.sglang_root(namespace)
+        for leaf in sorted(_sglang_leaves(root)) if root else []:
+            problem = sglang_leaf_problem(leaf)
+            if problem:
+                rejected.append({"kind": "sglang", "name": os.path.relpath(leaf, root), "problem": problem})
+                _discard(leaf)
+        self.rejected += rejected
+        return rejected
 
     def store(self, key: str | None, name: str, built: str) -> str | None:
         """Keep a freshly built module; returns its path in the cache (None: not kept)."""
@@ -183,7 +184,7 @@ class KernelCache:
         """Where a compile of the modules keyed `keys` keeps what it finished (compile_resume.py), or None."""
         if not self.root or not keys or not all(keys):
             return None
-        folder = os.path.join(self.root, PARTIAL, _digest(sorted(keys)))
+        folder = os.path.join(self.root, PARTIAL, digest(sorted(keys)))
         self.used.add(folder)
         return folder
 
@@ -209,14 +210,14 @@ class KernelCache:
 
     def seed(self, source: str) -> dict:
         """Add the entries of `source` (this cache's layout) that the cache lacks, each by a rename: a FlashInfer
-        entry whose module matches its entry.json's sha256, and every SGLang leaf (SGLang checks its own).
+        entry whose module matches its entry.json's sha256, and an SGLang leaf whose module matches its record.
         Nothing present is overwritten. Returns how many were added, already here, and refused."""
         counts = {"flashinfer": 0, "sglang": 0, "present": 0, "refused": 0}
         if not self.root:
             return counts
         for entry in _entries(os.path.join(source, "flashinfer"), 1):
             key = os.path.basename(entry)
-            if not _is_key(key) or not _entry_matches(entry):
+            if not _is_key(key) or entry_problem(entry):
                 counts["refused"] += 1
             elif os.path.isdir(self._entry(key)):
                 counts["present"] += 1
@@ -225,7 +226,9 @@ class KernelCache:
         shared = os.path.join(source, "sglang")
         for leaf in sorted(_sglang_leaves(shared)):
             target = os.path.join(self.sglang_root(), os.path.relpath(leaf, shared))
-            if os.path.isdir(target):
+            if sglang_leaf_problem(leaf):
+                counts["refused"] += 1
+            elif os.path.isdir(target):
                 counts["present"] += 1
             else:
                 counts["sglang"] += _copy_in(leaf, target)
@@ -236,15 +239,58 @@ def _is_key(name: str) -> bool:
     return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
 
 
-def _entry_matches(entry: str) -> bool:
-    """entry.json names one module beside it whose sha256 it states."""
+def entry_problem(entry: str, name: str | None = None) -> str | None:
+    """Why a FlashInfer entry is not what its entry.json states (one module, by name and sha256); None when it is."""
     try:
         with open(os.path.join(entry, "entry.json"), encoding="utf-8") as handle:
             record = json.load(handle)
-        module = os.path.join(entry, f"{record['name']}.so")
-        return os.path.basename(module) == f"{record['name']}.so" and sha256_file(module) == record["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
+        stated = record["name"]
+        if not isinstance(stated, str) or os.path.basename(stated) != stated or (name is not None and stated != name):
+            return f"entry.json names {stated!r}, not {name!r}"
+        found = sha256_file(os.path.join(entry, f"{stated}.so"))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"unreadable: {type(error).__name__}: {error}"
+    return None if found == record["sha256"] else f"sha256 {found}, entry.json states {record['sha256']}"
+
+
+def record_sglang(leaf: str) -> bool:
+    """Write the record of an SGLang leaf's module (SGLANG_RECORD: its name and sha256), once, through a temporary
+    name; True when written."""
+    if os.path.exists(os.path.join(leaf, SGLANG_RECORD)):
         return False
+    modules = sorted(name for name in os.listdir(leaf) if name.endswith(".so"))
+    if len(modules) != 1:
+        return False
+    record = {"name": modules[0], "sha256": sha256_file(os.path.join(leaf, modules[0]))}
+    temporary = os.path.join(leaf, f".{SGLANG_RECORD}.tmp")
+    with open(temporary, "w", encoding="utf-8") as out:
+        json.dump(record, out, sort_keys=True)
+    os.replace(temporary, os.path.join(leaf, SGLANG_RECORD))
+    return True
+
+
+def sglang_leaf_problem(leaf: str) -> str | None:
+    """Why an SGLang leaf is not the module its record states; None when it is."""
+    try:
+        with open(os.path.join(leaf, SGLANG_RECORD), encoding="utf-8") as handle:
+            record = json.load(handle)
+        modules = sorted(name for name in os.listdir(leaf) if name.endswith(".so"))
+        if modules != [record["name"]]:
+            return f"the leaf holds {modules}, its record names {record['name']!r}"
+        found = sha256_file(os.path.join(leaf, record["name"]))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"no readable record: {type(error).__name__}: {error}"
+    return None if found == record["sha256"] else f"sha256 {found}, the record states {record['sha256']}"
+
+
+def _discard(folder: str) -> None:
+    """Remove a rejected entry: renamed aside first, so no reader sees it half removed."""
+    aside = os.path.join(os.path.dirname(folder), f".rejected-{os.path.basename(folder)}-{os.getpid()}")
+    try:
+        os.rename(folder, aside)
+    except OSError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _sglang_leaves(folder: str) -> set:

@@ -32,11 +32,12 @@ import tempfile
 import time
 
 try:
-    from . import compile_resume, kernel_cache, kernels_moe
+    from . import compile_resume, kernel_cache, kernel_inputs, kernels_moe
     from .waste import elf_sections, fatbin_code
 except ImportError:  # run as a script from a folder holding the modules above too (the [aot] step)
     import compile_resume
     import kernel_cache
+    import kernel_inputs
     import kernels_moe
     from waste import elf_sections, fatbin_code
 
@@ -336,14 +337,17 @@ def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
     from flashinfer.jit import env as flashinfer_env
     planned = flashinfer_modules(spec["shapes"], spec["archs"], dry=True)
     generated = str(getattr(flashinfer_env, "FLASHINFER_GEN_SRC_DIR", flashinfer_env.FLASHINFER_WORKSPACE_DIR))
-    keys = {name: kernel_cache.flashinfer_key(entry["spec"], build_wide, generated) for name, entry in planned.items()}
+    keys = {name: kernel_inputs.flashinfer_key(entry["spec"], build_wide, generated) for name, entry in planned.items()}
     source = {name: cache.find(keys[name], name) for name in planned}
     missing = sorted(name for name in planned if source[name] is None)
+    for name in sorted(set(planned) - set(missing)):
+        compile_resume.say({"kind": "flashinfer", "name": name, "state": "reused", "seconds": 0.0})
     started = time.monotonic()
     specs = [planned[name]["spec"] for name in missing]
     workspace = str(flashinfer_env.FLASHINFER_WORKSPACE_DIR)
     with compile_resume.Resumable(cache, workspace, [keys[name] for name in missing]) as run:
-        compile_flashinfer(specs, jobs)
+        with compile_resume.Watch(specs):
+            compile_flashinfer(specs, jobs)
         seconds = round(time.monotonic() - started, 1) if missing else 0.0  # the compile's wall time, all jobs
         times = compile_times(specs)
         for name in missing:
@@ -363,6 +367,8 @@ def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
 
 # What ninja writes beside SGLang's module: each command's start and end times. SGLang never reads it (a leaf is
 # never built again once published; sglang/kernels/jit/utils/compile/cache.py), so the image's copy leaves it out.
+# The module's record (kernel_cache.SGLANG_RECORD) stays: a registry's kernel layer seeds a fresh runner's cache
+# (flows/kernel_layer.py), and the seed checks each leaf against it.
 BUILD_LOGS = (".ninja_log",)
 
 
@@ -377,6 +383,8 @@ def build_sglang(spec: dict, cache, jobs: int, namespace: str) -> tuple:
     its target once per process), `jobs` of them at once."""
     image_cache = sglang_cache_dir()
     shared = cache.sglang_root(namespace) or image_cache
+    if cache.sglang_root(namespace):
+        cache.check_sglang(namespace)  # a leaf not its recorded bytes is removed: SGLang compiles it again
     before = _leaves(shared)
     started = time.monotonic()
     env = dict(os.environ, SGLANG_JIT_CACHE_DIR=shared)
@@ -401,7 +409,10 @@ def build_sglang(spec: dict, cache, jobs: int, namespace: str) -> tuple:
     seconds = round(time.monotonic() - started, 1)
     artifacts, compiled = [], len(used - before)
     for leaf in sorted(used):
+        kernel_cache.record_sglang(leaf)
         relative = os.path.relpath(leaf, os.path.realpath(shared))
+        compile_resume.say({"kind": "sglang", "name": "/".join(relative.split(os.sep)[:2]),
+                            "state": "reused" if leaf in before else "compiled", "seconds": None})
         target = os.path.join(image_cache, relative)
         if os.path.realpath(target) != os.path.realpath(leaf):
             shutil.copytree(leaf, target, dirs_exist_ok=True)
@@ -445,7 +456,7 @@ def build(spec: dict, manifest_path: str) -> tuple:
     stats = {"compiled": compiled, "reused": len(artifacts) - compiled, "seconds": round(seconds, 1), "jobs": jobs,
              "cache": cache.root, "peak_compile_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024,
              "cache_after": cache.trim(kernel_cache.bound()), "compile_times": times,
-             "resumed_objects": resumed}
+             "resumed_objects": resumed, "rejected": cache.rejected}
     return manifest, stats
 
 
