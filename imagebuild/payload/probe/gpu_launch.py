@@ -211,7 +211,7 @@ def _decode(decode, workspace, dtype, kv_dtype, q_heads, kv_heads, head_dim, ten
     indptr, pages, last = _pages(kv_lengths, pool, device)
     k_cache, v_cache = (_random((pool, 1, kv_heads, head_dim), kv_dtype, device) for _ in range(2))
     q = _random((len(kv_lengths), q_heads, head_dim), dtype, device)
-    wrapper = decode.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tensor_cores)
+    wrapper = decode.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2", use_tensor_cores=tensor_cores)
     wrapper.plan(indptr, pages, last, q_heads, kv_heads, head_dim, 1, q_data_type=dtype, kv_data_type=kv_dtype)
     out = wrapper.run(q, (k_cache, v_cache))
     want = torch.cat([attention_reference(q[i:i + 1], k_cache[pages[indptr[i]:indptr[i + 1]].long(), 0].float(),
