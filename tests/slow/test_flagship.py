@@ -172,6 +172,9 @@ def check_zero_jit(engine, image: str, check: dict) -> None:
     assert sglang["misses"] == [] and len(sglang["hits"]) >= 5
     assert sglang["undeclared"] and all(error for _, _, error in sglang["undeclared"])
     assert [a for a in manifest["artifacts"] if a["kind"] == "sglang"]
+    # What a server's first request still compiles is listed by name: Triton's kernels on the forward path.
+    assert "position.compute_position_kernel" in sglang["first_use"]["triton"] and not sglang["first_use"]["errors"]
+    assert "still compiled at first use, by Triton" in check["detail"]
     # The image's SGLang cache holds what the inputs decide: each leaf's dependency list, not ninja's build times.
     listed = engine.run(image, ["find", manifest["sglang_jit_cache_dir"], "-type", "f"]).stdout.split()
     assert [p for p in listed if p.endswith("/sgl_deps.json")] and not [p for p in listed if p.endswith("/.ninja_log")]

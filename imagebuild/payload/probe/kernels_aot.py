@@ -561,7 +561,7 @@ def prove(spec: dict, manifest: dict) -> dict:
             # RoPE's key holds the head dim, which no declared shape has; the control's KV-store row bytes may
             # equal a declared shape's (64 x 2 bytes = 128 x 1 byte), so it is no control.
             "undeclared": [o for o in control_outcome if o[1] == "rope"]}
-        result["first_use"] = first_use_triton()
+        result["sglang"]["first_use"] = first_use_triton()
     return result
 
 
