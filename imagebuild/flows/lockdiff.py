@@ -96,8 +96,8 @@ def with_urls(locked: Lock, recipe: Recipe) -> Lock:
     urls = {}
     for wheel in locked.wheels:
         try:
-            urls[wheel.sha256] = wheel.url or json.loads((cache_dir() / "wheel-files" / f"{wheel.sha256}.json")
-                                                          .read_text())["url"]
+            urls[wheel.sha256] = wheel.url or str(json.loads((cache_dir() / "wheel-files" / f"{wheel.sha256}.json")
+                                                              .read_text())["url"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
     asked = {w.name: w.version for w in locked.wheels if not urls.get(w.sha256)}
@@ -117,10 +117,14 @@ def with_urls(locked: Lock, recipe: Recipe) -> Lock:
                 break
             del asked[missing]
             continue
-        for entry in tomllib.loads(done.stdout).get("packages", []):
-            for wheel in entry.get("wheels") or []:
-                sha = (wheel.get("hashes") or {}).get("sha256")
-                if sha and wheel.get("url"):
+        try:
+            entries = tomllib.loads(done.stdout).get("packages", [])
+        except tomllib.TOMLDecodeError:
+            break  # uv's answer unread: the wheels stay without URLs, and are listed as unread
+        for entry in entries if isinstance(entries, list) else []:
+            for wheel in (entry.get("wheels") or []) if isinstance(entry, dict) else []:
+                sha = (wheel.get("hashes") or {}).get("sha256") if isinstance(wheel, dict) else None
+                if isinstance(sha, str) and wheel.get("url"):
                     urls.setdefault(sha, str(wheel["url"]))
         break
     return dataclasses.replace(locked, wheels=tuple(dataclasses.replace(w, url=urls.get(w.sha256, ""))

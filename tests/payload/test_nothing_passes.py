@@ -11,9 +11,12 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from imagebuild.payload import apply_patch
 from imagebuild.payload.probe import findings_host, gpus, report, stack, toolchain, zero_jit
+from tests.json_fuzz import json_values
 from tests.payload.test_apply_patch import FIXTURES, apply, demo_site, unified, write_patch
 
 BLACKWELL = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
@@ -195,3 +198,25 @@ def test_a_patched_package_not_installed_fails(tmp_path):
     check = toolchain.check_packages(dict(expect, packages={"demo-dist": "0.1", "other-dist": "1"}),
                                      {"demo-dist": ["0.1"], "other-dist": ["1"]}, site=[str(site)])
     assert check["status"] == "fail" and "other-dist is patched by the lock but not installed" in check["detail"]
+
+
+# ---- what the image holds is outside input: no content of the record ends in a traceback ------------
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(record=st.one_of(json_values.map(json.dumps), st.text(max_size=40), st.binary(max_size=40)))
+def test_any_record_of_patched_files_is_a_verdict_never_a_traceback(tmp_path_factory, record):
+    site, info, expect = patched_demo(tmp_path_factory.mktemp("any"))
+    path = info / apply_patch.PATCHED_FILES
+    path.write_bytes(record if isinstance(record, bytes) else record.encode("utf-8", "surrogatepass"))
+    check = packages(expect, site)
+    assert check["status"] in ("pass", "fail") and check["detail"]
+    if check["status"] == "pass":  # only a record naming real files with their real hashes passes
+        assert json.loads(path.read_text()) and check["evidence"]["patched_files"] > 0
+    # apply_patch reads the same record before a second patch: one PatchError or an update, never a traceback
+    text = (site / "demo/core.py").read_text()
+    second, second_sha = write_patch(tmp_path_factory.mktemp("patch"), unified(text, text + "\nMORE = 1\n",
+                                                                                "demo/core.py"))
+    try:
+        apply(site, second, second_sha)
+    except apply_patch.PatchError as refused:
+        assert apply_patch.PATCHED_FILES in str(refused)

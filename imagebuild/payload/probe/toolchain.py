@@ -113,14 +113,14 @@ def patched_file_problems(patches: list, site: list | None = None) -> tuple:
         if dist is None:
             problems.append(f"{name} is patched by the lock but not installed")
             continue
-        listed = [line.split()[0] for line in (dist.read_text(PATCHES_FILE) or "").splitlines() if line.split()]
+        listed = [line.split()[0] for line in (_dist_text(dist, PATCHES_FILE) or "").splitlines() if line.split()]
         if listed != shas:
             problems.append(f"{name}: {PATCHES_FILE} lists {' '.join(listed) or 'no patch'}, the lock "
                             f"{' '.join(shas)}")
             continue
         try:
-            produced = json.loads(dist.read_text(PATCHED_FILES) or "null")
-        except ValueError:
+            produced = json.loads(_dist_text(dist, PATCHED_FILES) or "null")
+        except (ValueError, RecursionError):
             produced = None
         if not isinstance(produced, dict) or not produced:
             problems.append(f"{name}: no {PATCHED_FILES} says which files its patches left, and how")
@@ -132,6 +132,14 @@ def patched_file_problems(patches: list, site: list | None = None) -> tuple:
                 problems.append(f"{name}: {path} is {'missing' if actual is None else 'sha256 ' + actual}, "
                                 f"the patch left {'it deleted' if digest is None else 'sha256 ' + str(digest)}")
     return problems, checked
+
+
+def _dist_text(dist, name: str) -> str | None:
+    """A dist-info file's text, or None when it is missing or unreadable (it is the image's, not ours)."""
+    try:
+        return dist.read_text(name)
+    except (OSError, ValueError):
+        return None
 
 
 def _sha256(path: str) -> str | None:
