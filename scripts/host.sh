@@ -7,8 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the pipeline and its tests use: the engine and its CLI (BuildKit through Debian's
-# docker.io client), mmdebstrap for bases, and the real counterparts the tests talk to.
-APT_PACKAGES=(docker.io mmdebstrap zstd python3 python3-venv ca-certificates git
+# docker.io client), mmdebstrap for bases, gpgv and Debian's keyring (a base is locked only from a
+# signed InRelease; gpg signs the tests' own archives), and the real counterparts the tests talk to.
+APT_PACKAGES=(docker.io mmdebstrap zstd python3 python3-venv ca-certificates git gpgv gpg debian-archive-keyring
               skopeo docker-registry apache2-utils openssl buildah umoci systemd-container
               xz-utils pigz oci-image-tool jq iproute2
               qemu-user-static binfmt-support arch-test)

@@ -3,15 +3,17 @@ test's own beside it."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import textwrap
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from hypothesis import settings
 
-from tests import engine_daemon, timeline
+from tests import engine_daemon, engine_leftovers, timeline
 
 # No per-example deadline: a property must hold, not run fast (a loaded CI machine is not a failure).
 settings.register_profile("imagebuild", deadline=None)
@@ -20,13 +22,35 @@ settings.load_profile("imagebuild")
 REPO = Path(__file__).resolve().parent.parent
 
 
+def under_ci() -> bool:
+    """CI=true (.ci/run exports it, as GitHub Actions does): scripts/host.sh has installed everything."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def cannot_run(why: str, install: str = "") -> NoReturn:
+    """The one way a test says it cannot run here (a missing tool, network, engine, test dependency or
+    local file): a skip saying why and what to install on a developer's machine; under CI a failure,
+    since scripts/host.sh installs everything the suite uses there and a skip would hide a gap.
+    tests/test_skips.py finds any other skip in tests/."""
+    message = f"{why} ({install})" if install else why
+    if under_ci():
+        pytest.fail(f"under CI (CI=true), where scripts/host.sh provides it: {message}", pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+
+def needs_module(name: str):
+    """A test dependency's module (pyproject's `test` extra), or cannot_run naming how to install it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        cannot_run(f"needs the module {name} ({err})", "pip install -e '.[test]'")
+
+
 def missing_tool(*tools: str, package: str = "") -> None:
-    """Skip a test whose host tool is missing, saying which and how to install it; under CI (CI=true),
-    where scripts/host.sh installs every tool the suite uses, fail instead: a skip there hides a gap."""
+    """cannot_run for host tools (a name on PATH or an absolute path), naming the Debian package."""
     missing = [tool for tool in tools if not (Path(tool).exists() if tool.startswith("/") else shutil.which(tool))]
     if missing:
-        why = f"needs {', '.join(missing)}" + (f" (apt-get install -y {package})" if package else "")
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
+        cannot_run(f"needs {', '.join(missing)}", f"apt-get install -y {package}" if package else "")
 
 
 # The files that take longest (docs/ci.md, "where the minutes go"), started first: with two workers each
@@ -37,6 +61,9 @@ LONGEST_FIRST = ("tests/slow/test_flagship.py", "tests/slow/test_zero_jit_releas
 def pytest_configure(config):
     if os.environ.get(timeline.ENV):  # .ci/run sets it: where the run's minutes went, per worker
         config.pluginmanager.register(timeline, "imagebuild-timeline")
+    # Under CI (or on request), what the run left in the engine is said at its end; once, by the controller.
+    if (under_ci() or os.environ.get("IMAGEBUILD_ENGINE_REPORT") == "1") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(engine_leftovers.Reporter(), "imagebuild-engine-leftovers")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -87,8 +114,8 @@ def engine():
     """The real Docker engine. CI starts one (.ci/run); a test that needs it fails without it."""
     from imagebuild.engine.docker import DockerEngine
 
-    if os.environ.get("IMAGEBUILD_SKIP_ENGINE") == "1":
-        pytest.skip("IMAGEBUILD_SKIP_ENGINE=1: engine tests skipped on request")
+    if os.environ.get("IMAGEBUILD_SKIP_ENGINE") == "1":  # honoured on a developer's machine, never under CI
+        cannot_run("IMAGEBUILD_SKIP_ENGINE=1: engine tests skipped on request", "unset IMAGEBUILD_SKIP_ENGINE")
     docker_engine = DockerEngine()
     docker_engine.check()
     return docker_engine
@@ -97,7 +124,7 @@ def engine():
 def _second_engine():
     why = engine_daemon.why_not()
     if why:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
+        cannot_run(why)
     with engine_daemon.running() as daemon:
         yield daemon
 

@@ -1,7 +1,8 @@
 """A Debian archive of the test's own, served on loopback: the real .debs of a small bookworm base
 (resolved from the host's mirror and fetched once into imagebuild's content-addressed cache), laid
-out as Debian lays its archives (debian/ and debian-security/, dists/ and pool/), with Release and
-Packages indices written from the .debs themselves. A test publishes a newer version of a package
+out as Debian lays its archives (debian/ and debian-security/, dists/ and pool/), with Packages
+indices written from the .debs themselves and each suite's InRelease signed with a key of the
+archive's own (made here with gpg; a recipe trusts it through [base] keyring, the archive's `keyring`). A test publishes a newer version of a package
 (the real .deb repacked with a higher version), removes or corrupts a pool file, and watches the
 lock and the bootstrap react.
 """
@@ -51,10 +52,44 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+@dataclass(frozen=True)
+class SigningKey:
+    """An OpenPGP key of a test's own (gpg, ed25519) and its public keyring, as gpgv --keyring takes it."""
+    home: Path
+    keyring: Path
+
+    def gpg(self) -> list[str]:
+        return ["gpg", "--homedir", str(self.home), "--batch", "--pinentry-mode", "loopback", "--passphrase", ""]
+
+    def clearsign(self, release: Path) -> Path:
+        """InRelease beside release: its text, clearsigned, as Debian's archives serve it."""
+        signed = release.with_name("InRelease")
+        signed.unlink(missing_ok=True)
+        subprocess.run(self.gpg() + ["--clearsign", "--output", str(signed), str(release)], check=True,
+                       capture_output=True)
+        return signed
+
+    def close(self) -> None:
+        """Stop the gpg-agent gpg started for this home (it would outlive the test)."""
+        subprocess.run(["gpgconf", "--homedir", str(self.home), "--kill", "all"], check=False, capture_output=True)
+
+
+def signing_key(folder: Path, name: str = "imagebuild-test-archive") -> SigningKey:
+    from tests.conftest import missing_tool
+    missing_tool("gpg", "gpgv", package="gpg gpgv")
+    home = folder / "gnupg"
+    home.mkdir(mode=0o700, parents=True)
+    key = SigningKey(home, folder / "archive-keyring.gpg")
+    subprocess.run(key.gpg() + ["--quick-gen-key", name, "ed25519", "sign", "never"], check=True, capture_output=True)
+    key.keyring.write_bytes(subprocess.run(key.gpg() + ["--export", name], check=True, capture_output=True).stdout)
+    return key
+
+
 @dataclass
 class LoopbackArchive:
     root: Path
     url: str = ""
+    key: SigningKey | None = None  # made on the first publish
     listed: dict[str, dict[str, str]] = field(default_factory=dict)  # suite -> pool path -> Packages stanza
     dates: dict[str, datetime] = field(default_factory=dict)
     _server: http.server.ThreadingHTTPServer | None = None
@@ -70,6 +105,8 @@ class LoopbackArchive:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        if self.key is not None:
+            self.key.close()
 
     def mirror(self, suite: str = "bookworm") -> str:
         return f"{self.url}/{archive_of(suite)}"
@@ -83,8 +120,15 @@ class LoopbackArchive:
                   f"SHA256: {sha256_file(target)}\n")
         self.listed.setdefault(suite, {})[filename] = stanza
 
+    @property
+    def keyring(self) -> Path:
+        assert self.key is not None, "publish first"
+        return self.key.keyring
+
     def publish(self, when: datetime | None = None) -> None:
-        """Write every suite's Packages.xz and Release (dated `when`, or a day after the last)."""
+        """Write every suite's Packages.xz, Release and signed InRelease (dated `when`, or a day after the last)."""
+        if self.key is None:
+            self.key = signing_key(self.root.parent / f"{self.root.name}-signing")  # not served
         for suite in SUITES:
             last = self.dates.get(suite)
             self.dates[suite] = when or (last + timedelta(days=1) if last else datetime(2026, 11, 1, tzinfo=timezone.utc))
@@ -97,6 +141,7 @@ class LoopbackArchive:
                 f"Date: {format_datetime(self.dates[suite], usegmt=True)}\nArchitectures: amd64\n"
                 f"Components: main\nSHA256:\n {sha256_file(index)} {index.stat().st_size} "
                 "main/binary-amd64/Packages.xz\n")
+            self.key.clearsign(dists / "Release")
 
     def pool_file(self, suite: str, filename: str) -> Path:
         return self.root / archive_of(suite) / filename

@@ -1,7 +1,7 @@
 """Fetching from Debian archives, every file checked against the sha256 that vouches for it.
 
-A suite's Release file vouches for its Packages indices; the indices (at lock time) and then the
-lock vouch for each .deb. A .deb is taken from imagebuild's cache, then the suite's mirror, then the
+A suite's Release, read only from its signed InRelease as gpgv verified it, vouches for its Packages
+indices; the indices (at lock time) and then the lock vouch for each .deb. A .deb is taken from imagebuild's cache, then the suite's mirror, then the
 recipe's snapshot mirror at the locked Release date; different bytes from any source are refused,
 naming the URL, and never fall through to the next.
 """
@@ -25,7 +25,7 @@ import requests
 from imagebuild.base.debian import PackageEntry, Release, parse_packages, parse_release, release_timestamp
 from imagebuild.base.identity import LockedDeb, LockedSuite
 from imagebuild.common import Progress, cache_dir, quiet
-from imagebuild.errors import BaseFetchFailed
+from imagebuild.errors import BaseFetchFailed, ToolMissing
 
 DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 _DECOMPRESS = {".xz": lzma.decompress, ".gz": gzip.decompress, ".bz2": bz2.decompress, "": lambda data: data}
@@ -40,29 +40,28 @@ class Archives:
     """The suites of one base, each at its archive root, plus an optional snapshot service."""
 
     def __init__(self, uris: dict[str, str], snapshot: str | None = None, *,
-                 keyring: Path | None = DEBIAN_KEYRING, cache: Path | None = None):
+                 keyring: Path = DEBIAN_KEYRING, cache: Path | None = None):
         self.uris = uris
         self.snapshot = snapshot
-        self.keyring = keyring if keyring is not None and keyring.is_file() else None
+        self.keyring = Path(keyring)  # checked when a Release is read: building from a lock needs none
         self.cache = cache or cache_dir()
         self._session = requests.Session()
 
     # ------------------------------------------------------------ indices (lock time)
 
     def release(self, suite: str) -> Release:
-        """The suite's Release: InRelease, its signature checked when a keyring is there, else Release."""
+        """The suite's Release, read only from its signed InRelease as gpgv verified it against the
+        keyring: no unsigned Release is taken, and a missing gpgv or keyring stops here."""
+        gpgv = self._gpgv()
         root = self.uris[suite]
-        for name in ("InRelease", "Release"):
-            url = f"{root}/dists/{suite}/{name}"
-            try:
-                data = self._get(url)
-            except Missing:
-                continue
-            if name == "InRelease" and self.keyring is not None:
-                self._verify_signature(data, url)
-            return parse_release(data.decode("utf-8", "replace"), url)
-        raise BaseFetchFailed(f"{root}/dists/{suite}/: neither InRelease nor Release is served: "
-                              f"is {root} the archive root of suite {suite!r}?")
+        url = f"{root}/dists/{suite}/InRelease"
+        try:
+            data = self._get(url)
+        except Missing:
+            raise BaseFetchFailed(f"{url} is not served: imagebuild locks a base only from a suite's signed "
+                                  f"InRelease (an unsigned Release is not taken); is {root} the archive root of "
+                                  f"suite {suite!r}?") from None
+        return parse_release(self._verified(gpgv, data, url), url)
 
     def packages(self, suite: str, release: Release, component: str, arch: str) -> tuple[str, list[PackageEntry]]:
         """The suite's Packages index for component/arch (its text and its entries), checked against
@@ -82,18 +81,31 @@ class Archives:
             raise BaseFetchFailed(f"{index.path} of {suite} does not decompress: {err}") from None
         return text, parse_packages(text, f"{self.uris[suite]}/dists/{suite}/{index.path}")
 
-    def _verify_signature(self, data: bytes, url: str) -> None:
+    def _gpgv(self) -> str:
+        """gpgv and the keyring it checks with, or one error naming what to install."""
         gpgv = shutil.which("gpgv")
         if gpgv is None:
-            return
-        with tempfile.NamedTemporaryFile(suffix=".InRelease") as handle:
-            handle.write(data)
-            handle.flush()
-            proc = subprocess.run([gpgv, "--keyring", str(self.keyring), handle.name],
-                                  capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise BaseFetchFailed(f"{url}: its signature does not verify against {self.keyring}:\n"
-                                  + proc.stderr.strip()[-1000:])
+            raise ToolMissing("gpgv is not installed: a suite's InRelease signature is checked with it before "
+                              "anything is locked (apt-get install -y gpgv)")
+        if not self.keyring.is_file():
+            install = ("apt-get install -y debian-archive-keyring" if self.keyring == DEBIAN_KEYRING
+                       else "or point the recipe's [base] keyring at the archive's keyring file")
+            raise ToolMissing(f"the keyring {self.keyring} is missing: a suite's InRelease signature is checked "
+                              f"with it before anything is locked ({install})")
+        return gpgv
+
+    def _verified(self, gpgv: str, data: bytes, url: str) -> str:
+        """The text the signature covers, as gpgv writes it out: bytes around the signed part are dropped."""
+        with tempfile.TemporaryDirectory(prefix="imagebuild-inrelease-") as folder:
+            signed = Path(folder) / "InRelease"
+            signed.write_bytes(data)
+            proc = subprocess.run([gpgv, "--keyring", str(self.keyring), "--output", "-", str(signed)],
+                                  capture_output=True)
+        stderr = proc.stderr.decode("utf-8", "replace").strip()
+        if proc.returncode != 0 or not proc.stdout:
+            raise BaseFetchFailed(f"{url}: its signature does not verify against {self.keyring}; nothing is "
+                                  f"locked from it:\n" + stderr[-1000:])
+        return proc.stdout.decode("utf-8", "replace")
 
     # ------------------------------------------------------------ .debs (build time)
 

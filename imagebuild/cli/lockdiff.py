@@ -115,10 +115,14 @@ def print_diff(out: Console, report: LocksDiff) -> None:
                            f"{f['severity']} {f['rule']}: {f['message']}"))
         for f in (diff.findings or {}).get("cleared", []):
             out.print(line(("  finding - ", "green"), f"{f['severity']} {f['rule']}: {f['message']}"))
+        unread = (diff.findings or {}).get("unread", [])
+        if unread:
+            out.print(line(("  files unread ", "yellow"), f"{len(unread)} wheel(s) the rules that read wheels' files "
+                                                          "could not see (no index serves them): " + ", ".join(unread)))
         for b in diff.patches_broken or []:
             out.print(line(("  patch no longer applies ", "red"),
-                           f"{b['patch']} to {b['package']} {b['new']} (was {b['old'] or 'not locked'}): "
-                           + "; ".join(b["problems"])))
+                           f"{b['patch']} to {b['package']} {b['new'] or '(not in the new lock)'} "
+                           f"(was {b['old'] or 'not locked'}): " + "; ".join(b["problems"])))
         redone = [s for s in diff.rebuilds if s["rebuilds"]]
         out.print(line(f"  a build redoes {len(redone)} of {len(diff.rebuilds)} steps:"))
         for step in diff.rebuilds:

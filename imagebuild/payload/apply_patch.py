@@ -7,8 +7,9 @@ Copied into the image and run there (stdlib only, Python >= 3.9, no imagebuild i
 Every hunk must match at its stated line numbers (no fuzz, no offset), and nothing is written
 unless every hunk of every file matches. The distribution's RECORD then gets the new hashes and
 <dist-info>/IMAGEBUILD_PATCHES names the patches applied, so tools that check RECORD see a
-consistent, declared install. parse_patch, apply_to_text and check_patch write nothing:
-`imagebuild patches check` uses them to test a patch against a newer release.
+consistent, declared install; <dist-info>/IMAGEBUILD_PATCHED_FILES.json holds the sha256 each patched
+file was left with, which the probe checks in the finished image. parse_patch, apply_to_text and
+check_patch write nothing: `imagebuild patches check` uses them to test a patch against a newer release.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import csv
 import glob
 import hashlib
 import io
+import json
 import os
 import posixpath
 import re
@@ -29,6 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 PATCHES_FILE = "IMAGEBUILD_PATCHES"
+# What the patches left: {path relative to site-packages: sha256 hex, or null for a file they deleted}. The
+# probe (payload/probe/toolchain.py check_packages) checks the image's files against it, so a later step cannot undo a patch.
+PATCHED_FILES = "IMAGEBUILD_PATCHED_FILES.json"
 REGENERATE = "regenerate the patch against the locked version of the package"
 
 
@@ -484,11 +489,27 @@ def apply_patch_file(site_packages: str, patch_file: str, *, package: str, sha25
              if path.endswith(".py") for pyc in _compiled(site, path)]
     outputs[f"{dist.dist_info}/{PATCHES_FILE}"] = \
         (applied + f"{actual}  {os.path.basename(patch_file)}\n").encode("utf-8", "surrogateescape")
+    outputs[f"{dist.dist_info}/{PATCHED_FILES}"] = _produced(os.path.join(info, PATCHED_FILES), new_texts, outputs)
     record = _rewrite_record(record_text, outputs, stale)
     _write_all(site, {**outputs, f"{dist.dist_info}/RECORD": record.encode("utf-8", "surrogateescape")},
                created, stale)
     return [f"{'deleted' if text is None else 'created' if path in created else 'patched'} {path} "
             f"({about})" for path, text in new_texts.items()]
+
+
+def _produced(path: str, new_texts: dict, outputs: dict) -> bytes:
+    """PATCHED_FILES with this patch's files: the sha256 each now has (null: deleted), over earlier patches'."""
+    text = _read_text(path)
+    try:
+        produced = json.loads(text) if text is not None else {}
+    except ValueError:
+        produced = None
+    if not isinstance(produced, dict):
+        raise PatchError(f"{path}: not the JSON object this tool writes; reinstall the distribution")
+    for name in new_texts:
+        data = outputs[name]
+        produced[name] = None if data is None else hashlib.sha256(data).hexdigest()
+    return (json.dumps(produced, indent=1, sort_keys=True) + "\n").encode("utf-8", "surrogateescape")
 
 
 def _read_bytes(path: str) -> bytes:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import missing_tool
 from tests.venvs import SMALL, SYSTEM_PYTHON, TOOLCHAIN, editable_project, install, make_venv, site_packages
+from tests.conftest import cannot_run, missing_tool
 
 REPO = Path(__file__).resolve().parents[2]
 EDIT = b"\n# fixed by hand on the box\nHAND_EDITED = True\n"
@@ -143,8 +143,10 @@ def test_pins_that_do_not_resolve_are_one_error_and_write_nothing(tmp_path):
     assert not (tmp_path / "recipes").exists()
 
 
-@pytest.mark.skipif(not TORCH_CPU.is_file(), reason=f"needs {TORCH_CPU} (a torch build no index here serves)")
 def test_a_distribution_no_index_serves_is_left_out_with_what_to_do(tmp_path):
+    if not TORCH_CPU.is_file():
+        cannot_run(f"needs {TORCH_CPU} (a torch build no index here serves)",
+                   f"put that wheel, from PyTorch's CPU index, in {TORCH_CPU.parent}")
     python = make_venv(tmp_path / "venv")
     install(python, "--find-links", str(TORCH_CPU.parent), "torch==2.13.0+cpu")
     recipe = tmp_path / "recipes" / "cpu.toml"

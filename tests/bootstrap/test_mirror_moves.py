@@ -35,6 +35,7 @@ tag = "1"
 debian = "bookworm"
 mirror = "{url}/debian"
 security_mirror = "{url}/debian-security"
+keyring = "{keyring}"
 {extra}
 [python]
 requirements = ["six==1.16.0"]
@@ -61,7 +62,7 @@ def locked(archive, tmp_path_factory):
     root = tmp_path_factory.mktemp("project")
     (root / "recipes").mkdir()
     recipe = root / "recipes" / "moves.toml"
-    recipe.write_text(RECIPE.format(url=archive.url, extra=""))
+    recipe.write_text(RECIPE.format(url=archive.url, keyring=archive.keyring, extra=""))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("IMAGEBUILD_CACHE", str(tmp_path_factory.mktemp("cache")))
         report = flows.lock(recipe)

@@ -6,7 +6,6 @@ layer from the registry instead of installing it again."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 
@@ -19,6 +18,7 @@ from imagebuild.engine.contract import BuildCache
 from imagebuild.engine.docker import cache_flags as docker_flags
 from imagebuild.image.export import BUILDKIT_CACHE_KEY, normalized_config
 from tests import registry_server
+from tests.conftest import cannot_run
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
@@ -59,7 +59,7 @@ def test_a_cache_reference_without_a_registry_host_is_refused_before_anything_ru
 def registry(tmp_path):
     missing = registry_server.missing_tools()
     if missing:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("registry tests need " + ", ".join(missing))
+        cannot_run("registry tests need " + ", ".join(missing), "scripts/host.sh installs them")
     server = registry_server.start_registry(tmp_path / "registry")
     yield server
     server.stop()
@@ -89,7 +89,7 @@ def buildah_storage(folder, monkeypatch) -> None:
 def test_buildah_takes_unchanged_steps_from_the_registry_into_an_empty_storage(registry, tmp_path, monkeypatch):
     from imagebuild.engine.buildah import BuildahEngine
     if not shutil.which("buildah"):
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs buildah (apt-get install -y buildah)")
+        cannot_run("needs buildah", "apt-get install -y buildah")
     context = tmp_path / "context"
     context.mkdir()
     (context / "Dockerfile").write_text("FROM scratch\nCOPY a /a\nCOPY b /b\n")

@@ -23,6 +23,7 @@ from imagebuild.image.oci import parse_manifest
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.referrers import get_blob, get_manifest
 from tests import registry_server
+from tests.conftest import cannot_run
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "cuda-toolchain.toml"
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.engine
 def registry(tmp_path, monkeypatch):
     missing = registry_server.missing_tools()
     if missing:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("registry tests need " + ", ".join(missing))
+        cannot_run("registry tests need " + ", ".join(missing), "scripts/host.sh installs them")
     monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))  # no blob-mount memory from other runs
     server = registry_server.start_registry(tmp_path / "registry")
     yield server

@@ -17,7 +17,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import missing_tool
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,6 +26,7 @@ from imagebuild.errors import EXIT_FAILED, EXIT_OK
 from imagebuild.knowledge.facts import load_facts
 from imagebuild.payload import probe
 from imagebuild.payload.probe import bundle
+from tests.conftest import cannot_run, missing_tool
 
 REPO = Path(__file__).resolve().parents[2]
 UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
@@ -53,7 +53,7 @@ def uv(*args: str, timeout: int = 900) -> None:
     if done.returncode != 0:
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
         if any(hint in done.stderr.lower() for hint in ("failed to fetch", "dns", "connect", "timed out", "offline")):
-            pytest.skip(f"uv cannot reach the package index: {tail}")
+            cannot_run(f"uv cannot reach the package index: {tail}", "a reachable PyPI")
         pytest.fail(f"uv {' '.join(args[:2])} failed: {tail}")
 
 
@@ -87,8 +87,9 @@ def cpu_torch() -> tuple:
         return (str(CPU_TORCH_WHEEL),)
     # Not tried: CPU-only torch builds are published on PyTorch's own index alone (PyPI's torch carries
     # CUDA), and no machine of this project reaches that index; some have the wheel in a local folder.
-    pytest.skip(f"no CPU torch wheel at {CPU_TORCH_WHEEL} (a local folder of this machine's): PyPI has no "
-                "CPU-only torch build and PyTorch's own index was not tried (unreachable from these machines)")
+    cannot_run(f"no CPU torch wheel at {CPU_TORCH_WHEEL} (a local folder of this machine's): PyPI has no "
+               "CPU-only torch build and PyTorch's own index was not tried (unreachable from these machines)",
+               f"put that wheel, from PyTorch's CPU index, in {CPU_TORCH_WHEEL.parent}")
 
 
 @pytest.fixture(scope="module")
@@ -416,7 +417,7 @@ def test_doctor_probe_runs_under_python_3_9(envs, tmp_path):
     candidates = [shutil.which("python3.9"), *map(str, Path.home().glob(".pyenv/versions/3.9*/bin/python3"))]
     python39 = next((c for c in candidates if c and subprocess.run([c, "-c", ""], check=False).returncode == 0), None)
     if python39 is None:
-        pytest.skip("no working Python 3.9 on this host")
+        cannot_run("no working Python 3.9 on this host", "pyenv install 3.9")
     report = run_doctor(envs.healthy, tmp_path, python=python39)
     assert report.host["python"].startswith("3.9") and named(report, "python")["status"] == "fail"
     assert report.facts["stack"]["prefix"] == str(envs.healthy.root)
@@ -433,7 +434,7 @@ def test_doctor_probe_runs_from_its_inline_zipapp_alone(tmp_path):
 def test_an_interpreter_too_old_for_the_probe_is_refused_clearly(tmp_path):
     python27 = next(iter(Path.home().glob(".pyenv/versions/2.7*/bin/python2")), None)
     if python27 is None:
-        pytest.skip("no Python 2.7 on this host")
+        cannot_run("no Python 2.7 on this host", "pyenv install 2.7")
     with pytest.raises(doctor.DoctorFailed, match="needs Python 3.9 or newer"):
         doctor.diagnose(str(python27), cwd=tmp_path)
 

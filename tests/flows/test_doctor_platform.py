@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from imagebuild.flows import doctor
 from imagebuild.cli import app as cli
 from imagebuild.errors import EXIT_FAILED, EXIT_OK
+from tests.conftest import cannot_run
 
 NATIVE = doctor.host_arch()
 FOREIGN = "arm64" if NATIVE == "amd64" else "amd64"
@@ -29,8 +30,8 @@ EXTRACT = ["--variant=extract", "--include=python3-minimal,libpython3.11-stdlib,
 def need_emulation(arch: str) -> None:
     handler = doctor.binfmt_handler(arch)
     if not handler["enabled"]:
-        pytest.skip(f"no enabled binfmt handler {handler['handler']} ({handler['path']}): "
-                    f"`{doctor.BINFMT_FIX}` registers it")
+        cannot_run(f"no enabled binfmt handler {handler['handler']} ({handler['path']})",
+                   f"`{doctor.BINFMT_FIX}` registers it")
 
 
 def debian_base(engine, arch: str) -> str | None:
@@ -52,12 +53,14 @@ def python_image(engine, tmp_path_factory):
         if base:
             return base
         if shutil.which("mmdebstrap") is None:
-            pytest.skip(f"no imagebuild/base:bookworm-{arch}-* image and no mmdebstrap to make a rootfs")
+            cannot_run(f"no imagebuild/base:bookworm-{arch}-* image and no mmdebstrap to make a rootfs",
+                       "apt-get install -y mmdebstrap")
         context = tmp_path_factory.mktemp(f"python-{arch}")
         done = subprocess.run(["mmdebstrap", *EXTRACT, f"--architectures={arch}", "bookworm",
                                str(context / "rootfs.tar")], capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            pytest.skip(f"mmdebstrap could not fetch bookworm/{arch}: {done.stderr.strip()[-300:]}")
+            cannot_run(f"mmdebstrap could not fetch bookworm/{arch}: {done.stderr.strip()[-300:]}",
+                       "a reachable Debian mirror")
         (context / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n")
         ref = f"imagebuild-test/doctor-python:{os.getpid()}-{arch}"
         built = subprocess.run(engine.command("build", "--quiet", "--platform", f"linux/{arch}", "-t", ref,

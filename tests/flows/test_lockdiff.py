@@ -1,7 +1,9 @@
 """diff-lock judged by the recipe (imagebuild/flows/lockdiff.py): the findings a lock move makes appear
-or clear, and the patches that no longer apply to a moved wheel, on the committed flagship lock moved as
-users move it. The patch check reads real FlashInfer wheels from the index (the locked 0.7.2 and 0.6.0,
-which the patch was not made for)."""
+or clear (the rules over versions, and where wheels moved, the rules that read the wheels' files), and the
+patches that no longer apply to a moved wheel or whose package left, on the committed flagship lock moved
+as users move it. The patch check reads real FlashInfer wheels from the index (the locked 0.7.2 and 0.6.0,
+which the patch was not made for); the file rules read real torchvision releases. A move to a made-up
+wheel (sha256 f...f) is named as unread, never judged as if seen."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def test_a_move_that_skews_the_toolchain_makes_its_finding_appear_and_moving_bac
 def test_a_move_the_rules_do_not_mind_says_nothing_appeared(lock):
     """The negative control: a library moved, the toolchain untouched."""
     (diff,) = judged_diff(lock, moved(lock, "jinja2", "3.1.7"), "old", "new", load_recipe(RECIPE)).platforms
-    assert diff.findings == {"appeared": [], "cleared": []} and diff.patches_broken == []
+    assert diff.findings == {"appeared": [], "cleared": [], "unread": ["jinja2 3.1.7"]} and diff.patches_broken == []
 
 
 def test_without_a_recipe_nothing_is_judged_and_the_report_says_so(lock):
@@ -52,9 +54,9 @@ def test_without_a_recipe_nothing_is_judged_and_the_report_says_so(lock):
     assert report.to_dict()["platforms"][0]["patches_broken"] is None
 
 
-def real_wheel_entry(lock, tmp_path: Path, name: str, version: str):
+def real_wheel_entry(lock, tmp_path: Path, name: str, version: str, platform: str | None = None):
     """The lock's entries with `name` at a real release from the index (its file, hash and size)."""
-    wheel = download_wheel(name, version, lock.base.python, lock.python_platform, tmp_path)
+    wheel = download_wheel(name, version, lock.base.python, platform or lock.python_platform, tmp_path)
     data = wheel.read_bytes()
     return tuple(dataclasses.replace(w, version=version, filename=wheel.name, sha256=hashlib.sha256(data).hexdigest(),
                                      size=len(data)) if w.name == name else w for w in lock.wheels)
@@ -98,3 +100,28 @@ def test_with_no_recipe_beside_the_lock_the_command_says_it_did_not_judge(lock, 
     assert "not judged" in said and "--recipe" in said and "finding +" not in said
     assert main(["diff-lock", str(FLAGSHIP), str(new), "--recipe", str(RECIPE)]) == 0
     assert "toolchain-skew" in capsys.readouterr().out
+
+
+def test_a_companion_moved_to_a_release_built_for_another_torch_is_seen_by_the_rules_that_read_wheels(lock, tmp_path):
+    """torchvision 0.28.0's METADATA requires torch==2.13.0; the lock holds torch 2.14.1. No rule over names and
+    versions sees it: only torch-companion-mismatch, which reads the wheel's METADATA (as `lock` does)."""
+    older = dataclasses.replace(lock, wheels=real_wheel_entry(lock, tmp_path, "torchvision", "0.28.0",
+                                                               "x86_64-manylinux_2_28"))
+    (diff,) = judged_diff(lock, older, "old", "new", load_recipe(RECIPE)).platforms
+    assert [(f["rule"], f["message"]) for f in diff.findings["appeared"]] == [
+        ("torch-companion-mismatch", "torchvision 0.28.0 is built for torch==2.13.0, but the lock holds torch 2.14.1.")]
+    assert diff.findings["cleared"] == [] and diff.findings["unread"] == []
+    # The negative control: moved back, it clears.
+    (back,) = judged_diff(older, lock, "new", "old", load_recipe(RECIPE)).platforms
+    assert back.findings["appeared"] == [] and [f["rule"] for f in back.findings["cleared"]] == ["torch-companion-mismatch"]
+
+
+def test_a_patch_whose_package_left_the_lock_is_broken(lock):
+    without = dataclasses.replace(lock, wheels=tuple(w for w in lock.wheels if w.name != "flashinfer-python"))
+    (diff,) = judged_diff(lock, without, "old", "new", load_recipe(RECIPE)).platforms
+    (broken,) = diff.patches_broken
+    assert broken["package"] == "flashinfer-python" and (broken["old"], broken["new"]) == ("0.7.2", None)
+    assert broken["patch"].endswith("flashinfer-cuda-version.patch") and "not in the new lock" in broken["problems"][0]
+    # The negative control: the package kept, nothing is broken.
+    (same,) = judged_diff(lock, lock, "old", "new", load_recipe(RECIPE)).platforms
+    assert same.patches_broken == [] and "unread" not in same.findings

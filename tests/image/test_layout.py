@@ -19,6 +19,7 @@ from imagebuild.image.layout import read_image, read_layout
 from imagebuild.image.oci import LayoutError
 from tests.image.test_oci import engine_config, export_archive, json_values, make_tar, member, saved_archive
 from tests.json_fuzz import replace_one_field
+from tests.conftest import missing_tool
 
 SKOPEO_FLAGS = ("copy", "--insecure-policy", "-q")
 
@@ -31,9 +32,7 @@ def run(*argv: str) -> None:
 def tool_layouts(tmp_path_factory):
     """umoci's layout of a one-file image (ref name 1), skopeo's copy of it beside it (ref name 2), and
     skopeo's copy of it with Docker's media types (dock)."""
-    for tool in ("umoci", "skopeo"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"needs {tool}")
+    missing_tool("umoci", "skopeo", package="umoci skopeo")
     root = tmp_path_factory.mktemp("tools")
     lay, bundle = root / "umoci", root / "bundle"
     run("umoci", "init", "--layout", str(lay))

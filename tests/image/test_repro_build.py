@@ -30,6 +30,7 @@ from imagebuild import flows
 from imagebuild.flows import ca_bundle, smoke
 from imagebuild.recipe.model import load_recipe
 from imagebuild.render import render_context, site_packages
+from tests.conftest import cannot_run, needs_module
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +75,7 @@ def engine():
     try:
         docker.check()
     except (EngineUnavailable, ToolMissing) as err:
-        pytest.skip(str(err))
+        cannot_run(str(err), "scripts/host.sh installs docker.io and starts dockerd")
     return docker
 
 
@@ -182,7 +183,7 @@ def test_the_image_verifies_against_its_lock(builds, monkeypatch, capsys):
 
 
 def test_sbom_of_the_layout_is_attached(builds, monkeypatch, capsys):
-    validation = pytest.importorskip("cyclonedx.validation.json")
+    validation = needs_module("cyclonedx.validation.json")
     from cyclonedx.schema import SchemaVersion
     out = builds.tmp / "b.cdx.json"
     code, report = run_cli(["sbom", f"oci:{builds.b.layout.path}", "-o", str(out)], monkeypatch, capsys)

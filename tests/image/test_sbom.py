@@ -7,16 +7,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from imagebuild.image import sbom
 from imagebuild.image.layout import read_image
 from imagebuild.lock import LockedPatch, read_lock
 from tests.image.test_oci import engine_config, export_archive, make_tar, sample_members, saved_archive
+from tests.conftest import needs_module
 
 LOCK = Path(__file__).resolve().parents[2] / "lockfiles" / "cuda-toolchain.lock"
-validation = pytest.importorskip("cyclonedx.validation.json",
-                                 reason="needs cyclonedx-python-lib[json-validation] (test dependency)")
+validation = needs_module("cyclonedx.validation.json")
 from cyclonedx.schema import SchemaVersion  # noqa: E402
 
 

@@ -24,6 +24,7 @@ from imagebuild.cli import app as cli
 from imagebuild.errors import ToolMissing
 from imagebuild.render.paths import PROBE_COMMAND
 from imagebuild.lxc import lxc, lxc_gpu, rootfs_filter
+from tests.conftest import cannot_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLCHAIN_RECIPE = ROOT / "recipes" / "cuda-toolchain.toml"
@@ -464,7 +465,7 @@ def engine():
     try:
         engine.check()
     except Exception as err:  # noqa: BLE001
-        pytest.skip(f"no Docker engine: {err}")
+        cannot_run(f"no Docker engine: {err}", "scripts/host.sh installs docker.io and starts dockerd")
     return engine
 
 
@@ -523,8 +524,7 @@ def test_fake_image_that_cannot_be_a_template_leaves_nothing(engine, fake_image,
 @pytest.mark.parametrize("writer", ["imagebuild", "skopeo"])
 def test_fake_image_as_an_oci_archive_proxmox_recognizes(engine, fake_image, tmp_path, writer):
     if writer == "skopeo" and shutil.which("skopeo") is None:
-        message = "skopeo is not installed (apt-get install -y skopeo)"
-        pytest.fail(message) if os.environ.get("CI") == "true" else pytest.skip(message)
+        cannot_run("skopeo is not installed", "apt-get install -y skopeo")
     image = fake_image(debian_rootfs(entry("opt/app", b"app")))
     out = tmp_path / "out" / "app.tar"
     report = lxc.export_oci(engine, image, out, writer=writer)
@@ -549,8 +549,7 @@ def toolchain(engine, tmp_path_factory):
 def need_nspawn() -> None:
     """Locally a skip; under CI=true a failure, so that a missing install step cannot hide."""
     if shutil.which("systemd-nspawn") is None:
-        message = "systemd-nspawn missing: apt-get install -y systemd-container"
-        pytest.fail(message) if os.environ.get("CI") == "true" else pytest.skip(message)
+        cannot_run("systemd-nspawn missing", "apt-get install -y systemd-container")
 
 
 def in_user_namespace(argv, *, stdin: Path, cwd: Path, shift=SHIFT, count=65536) -> int:

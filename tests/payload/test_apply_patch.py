@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from imagebuild.payload import apply_patch
 from imagebuild.payload.apply_patch import PatchError, apply_to_text, check_patch, parse_patch
+from tests.conftest import cannot_run
 
 SCRIPT = Path(apply_patch.__file__)
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "patches"
@@ -457,7 +458,8 @@ def flashinfer_wheel() -> Path:
                               "flashinfer-python==0.7.2", "-d", str(CACHE)],
                              capture_output=True, text=True, check=False, timeout=600)
         if got.returncode or not wheel.exists():
-            pytest.skip(f"PyPI unreachable, flashinfer-python 0.7.2 not downloaded: {got.stderr[-300:]}")
+            cannot_run(f"PyPI unreachable, flashinfer-python 0.7.2 not downloaded: {got.stderr[-300:]}",
+                       "a reachable PyPI")
     assert hashlib.sha256(wheel.read_bytes()).hexdigest() == FLASHINFER_WHEEL_SHA256
     return wheel
 
@@ -547,7 +549,8 @@ def torch_python() -> Path:
                               "packaging"], capture_output=True, text=True, check=False, timeout=900)
         if got.returncode:
             shutil.rmtree(venv, ignore_errors=True)
-            pytest.skip(f"CPU torch 2.13.0 not installable here: {got.stderr[-300:]}")
+            cannot_run(f"CPU torch 2.13.0 not installable here: {got.stderr[-300:]}",
+                       "torch-2.13.0+cpu's wheel, from PyTorch's CPU index, in a folder PIP_FIND_LINKS names")
         (venv / "ready").touch()
     return python
 

@@ -19,13 +19,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import missing_tool
 from hypothesis import given
 from hypothesis import strategies as st
 
 from imagebuild.payload import probe
 from imagebuild.payload.probe import bundle
 from tests.test_architecture import STACK_DRIVERS, function_import_lines
+from tests.conftest import cannot_run, missing_tool
 
 # The zipapp, as images carry it (/opt/imagebuild/probe.pyz): the CLI tests below run this file.
 _BUILT = tempfile.TemporaryDirectory(prefix="imagebuild-probe-test-")
@@ -277,7 +277,7 @@ def test_probe_runs_under_python_3_9():
     candidates = glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3")) + [shutil.which("python3.9")]
     python39 = next((c for c in candidates if c and subprocess.run([c, "-c", ""]).returncode == 0), None)
     if python39 is None:
-        pytest.skip("no working Python 3.9 on this host")
+        cannot_run("no working Python 3.9 on this host", "pyenv install 3.9")
     status, report = run_cli(python39, "--skip-compile")
     assert status in (0, 1) and report["host"]["python"].startswith("3.9")
     assert [check["name"] for check in report["checks"]] == [
@@ -305,7 +305,7 @@ def cuda_venv(tmp_path_factory):
     if install.returncode != 0:
         tail = " | ".join(install.stderr.strip().splitlines()[-3:])
         if any(hint in install.stderr.lower() for hint in _OFFLINE_HINTS):
-            pytest.skip(f"uv cannot reach PyPI for the CUDA wheels: {tail}")
+            cannot_run(f"uv cannot reach PyPI for the CUDA wheels: {tail}", "a reachable PyPI")
         pytest.fail(f"uv pip install failed: {tail}")
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()

@@ -25,6 +25,7 @@ REPO = f"imagebuild-test/push-index-{os.getpid()}"
 
 
 from tests.registry.test_registry import isolated  # noqa: E402,F401 -- autouse: no credentials, config or cache of the machine
+from tests.conftest import cannot_run
 
 
 def imagebuild(capsys, *argv) -> tuple[int, dict]:
@@ -39,7 +40,7 @@ def layouts(engine, tmp_path_factory):
     layout of the arm64 one (each with SBOMs attached)."""
     missing = registry_server.missing_tools()
     if missing:
-        pytest.skip("needs " + ", ".join(missing))
+        cannot_run("needs " + ", ".join(missing), "scripts/host.sh installs them")
     folder = tmp_path_factory.mktemp("push-index")
     refs = [f"{REPO}:7-amd64", f"{REPO}:7-arm64"]
     try:

@@ -21,6 +21,7 @@ from tests import registry_server
 from tests.flows.test_build import _copy_recipe
 
 from tests.flows.test_ci_workflow import OCI_MANIFEST, STEPS, USERS, workflow_steps  # noqa: F401
+from tests.conftest import cannot_run
 
 pytestmark = pytest.mark.engine
 
@@ -30,7 +31,7 @@ def runner(tmp_path, engine, monkeypatch):
     """A GitHub-like step environment: RUNNER_TEMP, GITHUB_* files, the venv's imagebuild on PATH,
     a `sudo` that runs its command (we are root), and a docker config of its own."""
     if os.geteuid() != 0 or shutil.which("jq") is None:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs root and jq (apt-get install -y jq)")
+        cannot_run("needs root and jq", "run as root; apt-get install -y jq")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     sudo = bin_dir / "sudo"
@@ -47,7 +48,7 @@ def runner(tmp_path, engine, monkeypatch):
 def private_registry(tmp_path):
     missing = registry_server.missing_tools()
     if missing:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("registry tests need " + ", ".join(missing))
+        cannot_run("registry tests need " + ", ".join(missing), "scripts/host.sh installs them")
     server = registry_server.start_registry(tmp_path / "registry", users=USERS,
                                             tls=registry_server.make_tls(tmp_path / "tls"))
     yield server

@@ -11,7 +11,7 @@ import os
 from .consumers import triton_ptxas_for
 from .environments import STACK_DISTRIBUTIONS, install_command, stack_summary
 from .gpus import arch_number, runs_on
-from .report import FAIL, PASS, SKIP, WARN, make_finding, shell_fix
+from .report import FAIL, PASS, SKIP, UNKNOWN, WARN, make_finding, shell_fix
 from .system import same_path
 
 
@@ -111,7 +111,10 @@ def finding_gpu_arch(facts: dict) -> dict:
                 "deep_gemm_arch": deep_gemm.get("arch"), "flashinfer_arch_list": flashinfer.get("arch_list")}
     if not caps:
         return make_finding("gpu-arch", SKIP, "no GPU compute capability known (needs nvidia-smi)", **evidence)
-    problems, fixes, parts = [], [], []
+    problems, fixes, parts, unread = [], [], [], []
+    if torch.get("installed") and torch.get("cuda") and not torch.get("archs"):
+        unread.append(f"torch {torch.get('version')}'s arch list could not be read "
+                      f"(from {torch.get('package')}/lib/libtorch_python.so)")
     for cap in caps:
         sm = "sm_" + cap.replace(".", "")
         if torch.get("archs"):
@@ -139,8 +142,14 @@ def finding_gpu_arch(facts: dict) -> dict:
                 fixes.append(f"export FLASHINFER_CUDA_ARCH_LIST={cap}")
     if problems:
         return make_finding("gpu-arch", FAIL, "; ".join(problems), "; ".join(dict.fromkeys(fixes)), **evidence)
-    return make_finding("gpu-arch", PASS, f"compute {', '.join(caps)}: " + ("; ".join(parts) or "nothing to compare"),
-                        **evidence)
+    if unread:  # what carries kernels but could not be read is not a pass, whatever else was seen
+        return make_finding("gpu-arch", UNKNOWN, f"compute {', '.join(caps)}: " + "; ".join(unread + parts),
+                            "python -c 'import torch; print(torch.cuda.get_arch_list())' shows the list torch "
+                            "carries", **evidence)
+    if not parts:
+        return make_finding("gpu-arch", SKIP, f"compute {', '.join(caps)}: nothing here carries GPU kernels to compare "
+                            "(no CUDA torch, no deep_gemm JIT, no FLASHINFER_CUDA_ARCH_LIST)", **evidence)
+    return make_finding("gpu-arch", PASS, f"compute {', '.join(caps)}: " + "; ".join(parts), **evidence)
 
 
 def finding_flashinfer(facts: dict) -> dict:

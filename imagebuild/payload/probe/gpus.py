@@ -54,6 +54,8 @@ def read_driver(driver_file: str = DRIVER_VERSION_FILE) -> dict:
             facts["gpus"] = parse_smi_gpus(output)
             versions = sorted({gpu["driver"] for gpu in facts["gpus"]})
             facts["version"], facts["source"] = (versions[0] if versions else None), "nvidia-smi"
+            if not facts["gpus"]:  # it ran and named no device: an error, never "no driver" or a pass
+                facts["error"] = "nvidia-smi listed no GPU" + (f" ({last_line(output)})" if output.strip() else "")
         else:
             facts["error"] = last_line(output) or f"nvidia-smi exited {status}"
     if facts["version"] is None and facts["file_version"]:

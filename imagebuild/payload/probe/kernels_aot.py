@@ -549,13 +549,33 @@ def prove(spec: dict, manifest: dict) -> dict:
         what, loader, values = target
         _clear_caches([target])
         result["flashinfer"]["undeclared_target"] = dict(_control(what, loader, _positional(loader, values)), load=what)
-    if spec["sglang"]:
-        arch = spec["archs"][0]
-        outcomes = run_sglang_builders(spec["shapes"], arch)
-        sglang_mapped = mapped_under(sglang_cache_dir())
-        control_outcome = run_sglang_builders([dict(control, rope="neox")], arch)
+    if spec["sglang"]:  # every [aot] arch: the seed compiled each, and each must load from the cache
+        archs, outcomes, control_outcome, sglang_mapped = spec["archs"], [], [], set()
+        for arch in archs:
+            if arch == archs[0]:
+                declared = run_sglang_builders(spec["shapes"], arch)
+                sglang_mapped |= mapped_under(sglang_cache_dir())
+                undeclared = run_sglang_builders([dict(control, rope="neox")], arch)
+            else:  # SGLang keeps a module by its arguments, not its arch (cache_once): a process of its own
+                code = f"import sys; from {__name__.rpartition('.')[0]}.kernels_aot import main; sys.exit(main(sys.argv[1:]))"
+                shapes = json.dumps({"shapes": spec["shapes"] + [dict(control, rope="neox")]})
+                done = subprocess.run([sys.executable, "-c", code, "sglang-seed", shapes, arch, "0/1"],
+                                      capture_output=True, text=True, check=False,
+                                      env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+                try:
+                    child = json.loads(done.stdout)
+                except ValueError:
+                    child = {"mapped": [], "results": [["every shape", "SGLang's builders", f"no result from the proof "
+                                                        f"for {arch} (exit {done.returncode}): {done.stderr[-1500:]}"]]}
+                declared = [o for o in child["results"] if o[0] != control["name"]]
+                undeclared = [o for o in child["results"] if o[0] == control["name"]]
+                sglang_mapped |= set(child["mapped"])
+            label = (lambda shape: f"{shape} for {arch}") if len(archs) > 1 else (lambda shape: shape)
+            outcomes += [[label(shape), what, error] for shape, what, error in declared]
+            control_outcome += [[label(shape), what, error] for shape, what, error in undeclared]
         result["sglang"] = {
-            "arch": arch, "cache_dir": os.path.realpath(sglang_cache_dir()), "mapped": sorted(sglang_mapped),
+            "arch": ", ".join(archs), "archs": archs, "cache_dir": os.path.realpath(sglang_cache_dir()),
+            "mapped": sorted(sglang_mapped),
             "hits": [o for o in outcomes if o[2] is None],
             "misses": [o for o in outcomes if o[2] is not None],
             # RoPE's key holds the head dim, which no declared shape has; the control's KV-store row bytes may

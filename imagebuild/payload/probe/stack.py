@@ -160,5 +160,8 @@ def check_gpu() -> dict:
         return make_check("gpu", FAIL, f"nvidia-smi failed: {output.strip()[-200:]}", nvidia_smi=smi)
     gpus = [dict(zip(("name", "driver", "compute_cap"), (part.strip() for part in line.split(","))))
             for line in output.splitlines() if line.strip()]
+    if not gpus:  # the driver's tool is here and sees no device: nothing was checked, and a GPU was expected
+        return make_check("gpu", FAIL, "nvidia-smi listed no GPU: the driver is visible but no device is (in a "
+                          "container: docker run --gpus all)", nvidia_smi=smi, gpus=gpus, output=output.strip()[-200:])
     detail = "; ".join(f"{g.get('name')} (compute {g.get('compute_cap')}, driver {g.get('driver')})" for g in gpus)
-    return make_check("gpu", PASS, detail or "nvidia-smi listed no GPU", nvidia_smi=smi, gpus=gpus)
+    return make_check("gpu", PASS, detail, nvidia_smi=smi, gpus=gpus)

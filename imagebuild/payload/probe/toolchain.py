@@ -6,6 +6,9 @@ piece, and the doctor reuses it for every toolkit it finds.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -54,7 +57,8 @@ def check_interpreter(expect: dict) -> dict:
                       **evidence)
 
 
-def check_packages(expect: dict, installed: dict | None = None) -> dict:
+def check_packages(expect: dict, installed: dict | None = None, site: list | None = None) -> dict:
+    """The locked distributions at their versions, and each patched one's files as its patches left them."""
     wanted = expect.get("packages") or {}
     if not wanted:
         return make_check("packages", SKIP, "no expected packages")
@@ -64,19 +68,89 @@ def check_packages(expect: dict, installed: dict | None = None) -> dict:
              for name, version in sorted(wanted.items())
              if name in installed and [v.lower() for v in installed[name]] != [version.lower()]}
     unexpected = {name: versions for name, versions in sorted(installed.items()) if name not in wanted}
+    unpatched, patched_files = patched_file_problems(expect.get("patches") or [], site)
     evidence = {"expected": len(wanted), "installed": len(installed), "missing": missing,
-                "wrong_version": wrong, "unexpected": unexpected}
-    if missing or wrong:
+                "wrong_version": wrong, "unexpected": unexpected, "patched_files": patched_files,
+                "patch_problems": unpatched}
+    if missing or wrong or unpatched:
         parts = ["missing: " + ", ".join(missing)] if missing else []
         if wrong:
             parts.append("wrong version: " + ", ".join(f"{name} {'/'.join(found['installed'])} "
                                                          f"(expected {found['expected']})"
                                                          for name, found in wrong.items()))
+        parts += unpatched
         return make_check("packages", FAIL, "; ".join(parts), **evidence)
+    said = f"; {patched_files} patched files as their patches left them" if patched_files else ""
     if unexpected:
-        return make_check("packages", WARN, f"{len(wanted)} as locked; not in the lock: {', '.join(unexpected)}",
-                          **evidence)
-    return make_check("packages", PASS, f"all {len(wanted)} distributions installed at the locked versions", **evidence)
+        return make_check("packages", WARN, f"{len(wanted)} as locked{said}; not in the lock: "
+                          f"{', '.join(unexpected)}", **evidence)
+    return make_check("packages", PASS, f"all {len(wanted)} distributions installed at the locked versions{said}",
+                      **evidence)
+
+
+# Written by payload/apply_patch.py at build time beside the patched distribution's RECORD: the patches
+# applied, and the sha256 each file it changed was left with (null: deleted).
+PATCHES_FILE, PATCHED_FILES = "IMAGEBUILD_PATCHES", "IMAGEBUILD_PATCHED_FILES.json"
+
+
+def patched_file_problems(patches: list, site: list | None = None) -> tuple:
+    """(problems, files checked): each distribution the lock patches lists the lock's patches, and every
+    file they changed hashes as they left it at build time."""
+    wanted: dict = {}
+    for patch in patches:
+        wanted.setdefault(canonical_name(patch["package"]), []).append(str(patch["sha256"]).lower())
+    if not wanted:
+        return [], 0
+    found: dict = {}
+    for dist in importlib.metadata.distributions(**({"path": site} if site is not None else {})):
+        try:
+            found.setdefault(canonical_name(dist.metadata["Name"]), dist)
+        except Exception:  # a broken dist-info must not stop the probe
+            continue
+    problems, checked = [], 0
+    for name, shas in sorted(wanted.items()):
+        dist = found.get(name)
+        if dist is None:
+            problems.append(f"{name} is patched by the lock but not installed")
+            continue
+        listed = [line.split()[0] for line in (_dist_text(dist, PATCHES_FILE) or "").splitlines() if line.split()]
+        if listed != shas:
+            problems.append(f"{name}: {PATCHES_FILE} lists {' '.join(listed) or 'no patch'}, the lock "
+                            f"{' '.join(shas)}")
+            continue
+        try:
+            produced = json.loads(_dist_text(dist, PATCHED_FILES) or "null")
+        except (ValueError, RecursionError):
+            produced = None
+        if not isinstance(produced, dict) or not produced:
+            problems.append(f"{name}: no {PATCHED_FILES} says which files its patches left, and how")
+            continue
+        for path, digest in sorted(produced.items()):
+            checked += 1
+            actual = _sha256(str(dist.locate_file(path)))
+            if actual != digest:
+                problems.append(f"{name}: {path} is {'missing' if actual is None else 'sha256 ' + actual}, "
+                                f"the patch left {'it deleted' if digest is None else 'sha256 ' + str(digest)}")
+    return problems, checked
+
+
+def _dist_text(dist, name: str) -> str | None:
+    """A dist-info file's text, or None when it is missing or unreadable (it is the image's, not ours)."""
+    try:
+        return dist.read_text(name)
+    except (OSError, ValueError):
+        return None
+
+
+def _sha256(path: str) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            digest = hashlib.sha256()
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+            return digest.hexdigest()
+    except OSError:
+        return None
 
 
 def check_cuda_toolchain(expect: dict, installed: dict | None = None) -> dict:
