@@ -117,6 +117,30 @@ def test_each_release_plans_the_flagships_modules_and_keys_them_the_same_twice(r
     assert keys() == first
 
 
+BACKENDS = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import kernels_aot
+shape = {"dtype": "bfloat16", "kv_dtype": "fp8_e4m3", "head_dim": 128, "sliding_window": False, "logits_soft_cap": False}
+cases = {"hopper": ["9.0a"], "sm120": ["12.0f"], "both": ["9.0a", "12.0f"]}
+answer = {name: kernels_aot.ragged_backends(shape, archs) for name, archs in cases.items()}
+answer["hopper, head dim 96"] = kernels_aot.ragged_backends(dict(shape, head_dim=96), ["9.0a"])
+print(json.dumps(answer))
+"""
+
+
+def test_ragged_prefill_is_built_on_the_backend_sglang_gets_on_each_arch(release):
+    """SGLang's ragged wrapper asks for "auto": FA3 on sm_90a where the installed FlashInfer's own FA3 rules take
+    the dtypes and head dim (FA3 prefill has no head dim 96: the control), FA2 elsewhere; the H200 run proved the
+    FA3 module is what a Hopper server loads (docs/zero-jit.md, "On a GPU")."""
+    version, site, _ = release
+    python = site.parents[2] / "bin" / "python"
+    done = subprocess.run([str(python), "-c", BACKENDS, str(PROBE)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"hopper": ["fa3"], "sm120": ["fa2"], "both": ["fa2", "fa3"],
+                                                        "hopper, head dim 96": ["fa2"]}, version
+
+
 def put(path: Path, data: bytes) -> None:
     """Write through a temporary name and a rename: an installed file is a hard link into uv's cache."""
     temporary = path.with_name(path.name + ".imagebuild-test")
