@@ -25,6 +25,16 @@ Progress = Callable[[str], None]
 def quiet(_: str) -> None:
     """The progress callback that says nothing."""
 
+
+def announce(progress: Progress, kind: str, event: dict, text: str) -> None:
+    """A structured progress event (a kernel module reused, compiling, compiled): as an event where the
+    callback takes events (the CLI's --json progress), else as its line of text."""
+    emit = getattr(progress, "event", None)
+    if callable(emit):
+        emit(kind, event)
+    else:
+        progress(text)
+
 # Fixed so that two bootstraps of the same mirror state give the same bytes (mmdebstrap honours it);
 # layers written during a build are clamped to the same time (docs/reproducibility.md, "The epoch").
 BOOTSTRAP_EPOCH = 1700000000

@@ -18,7 +18,7 @@ from rich.console import Console
 from imagebuild import __version__, flows
 from imagebuild.cli.examples import HelpFormatter, epilog
 from imagebuild.cli.options import engine_option, gpus_chosen, gpus_options
-from imagebuild.cli.output import (Progress, line, make_console, print_base_moves, print_error, print_findings,
+from imagebuild.cli.output import (JsonProgress, Progress, line, make_console, print_base_moves, print_error, print_findings,
                                    print_package_moves, print_patch_results, print_smoke)
 from imagebuild.engine.contract import BuildCache
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildError, SmokeFailed
@@ -165,7 +165,7 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if getattr(args, "handler", None):
         return args.handler(args, out, err)
-    progress = Progress(err)
+    progress = JsonProgress(err.file) if getattr(args, "json", False) else Progress(err)
     if args.command == "check":
         with progress.spinning("checking"):
             report = flows.check(args.recipe, lock_path=args.lock, progress=progress)

@@ -9,6 +9,8 @@ values, paths, build tool output, registry replies, probe details, exception mes
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 from collections.abc import Iterable
 from typing import IO
@@ -149,6 +151,29 @@ class Progress:
 
     def spinning(self, title: str):
         return _Spinning(self, title)
+
+
+class JsonProgress:
+    """--json's progress on stderr: one JSON object a line, {"progress": TEXT} for a line of text and
+    {"event": KIND, ...} for a structured event (each kernel module as the kernel step reuses or compiles it),
+    so a tool reading a long build follows it without parsing text; stdout keeps the one report."""
+
+    def __init__(self, stream: IO[str]):
+        self.stream = stream
+
+    def __call__(self, text: str) -> None:
+        self._write({"progress": text})
+
+    def event(self, kind: str, event: dict) -> None:
+        self._write(dict(event, event=kind))
+
+    def _write(self, value: dict) -> None:
+        self.stream.write(json.dumps(value, sort_keys=True) + "\n")
+        self.stream.flush()
+
+    def spinning(self, title: str):
+        self(title)
+        return contextlib.nullcontext(self)
 
 
 class _Spinning:

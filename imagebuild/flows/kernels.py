@@ -21,7 +21,7 @@ from pathlib import Path
 
 import jinja2
 
-from imagebuild.common import Progress, quiet
+from imagebuild.common import Progress, announce, quiet
 from imagebuild.errors import ImagebuildError
 from imagebuild.payload.probe import kernel_cache
 from imagebuild.payload.probe.compile_resume import PROGRESS_MARK
@@ -136,7 +136,7 @@ class KernelStepWatch:
         event = parse_progress(line)
         if event is not None:
             self.modules[(event["kind"], event["name"])] = event
-            self.progress(progress_text(event))
+            announce(self.progress, "kernel", event, progress_text(event))
         self.progress(line)
 
     def report(self, cached_artifacts: Callable[[], int | None]) -> dict:

@@ -172,3 +172,20 @@ def test_any_line_ends_in_progress_or_none(text):
 def test_any_json_object_ends_in_progress_or_none(value):
     event = parse_progress(PROGRESS_MARK + json.dumps(value))
     assert event is None or progress_text(event).startswith(f"kernel {event['name']} ({event['kind']}): ")
+
+
+def test_with_json_progress_each_module_is_an_event_a_tool_reads(capsys):
+    """--json's progress (cli/output.py JsonProgress): every stderr line is one JSON object; a module's progress is
+    {"event": "kernel", ...} with its counts, a build line is {"progress": TEXT}, printed literally."""
+    import io
+    from imagebuild.cli.output import JsonProgress
+    stream = io.StringIO()
+    watch = KernelStepWatch(JsonProgress(stream))
+    watch(progress_line(kind="flashinfer", name="sampling", state="compiling", objects_done=1, objects=3, seconds=20.4))
+    watch("#12 70.0 [red]not markup[/red]")
+    lines = [json.loads(text) for text in stream.getvalue().splitlines()]
+    assert lines[0] == {"event": "kernel", "kind": "flashinfer", "name": "sampling", "state": "compiling",
+                        "objects_done": 1, "objects": 3, "seconds": 20.4}
+    assert lines[1]["progress"].endswith(PROGRESS_MARK + json.dumps(
+        {"kind": "flashinfer", "name": "sampling", "state": "compiling", "objects_done": 1, "objects": 3, "seconds": 20.4}))
+    assert lines[2] == {"progress": "#12 70.0 [red]not markup[/red]"}
