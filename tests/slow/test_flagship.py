@@ -96,6 +96,32 @@ def derived_zero_jit(engine, image: str, tmp_path: Path, name: str, step: str, f
         engine.remove(ref)
 
 
+GPU_KERNELS_TOLD_A_GPU = """
+import json, os, sys
+sys.path.insert(0, "/opt/imagebuild/probe.pyz")
+from imagebuild_probe.expect import load_expect
+from imagebuild_probe.gpu_kernels import check_gpu_kernels
+expect, _ = load_expect("/opt/imagebuild/expect.json")
+check = check_gpu_kernels(expect, True)
+nvcc = os.path.join(expect["cuda"]["home"], "bin", "nvcc")
+print(json.dumps({"check": check, "nvcc": os.path.getsize(nvcc), "aside": os.path.exists(nvcc + ".imagebuild-hidden")}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_gpu_kernels_told_a_gpu_is_visible_runs_the_launches_and_fails_on_torchs_own_error(engine, flagship):
+    """GPU visibility mocked (no GPU here): the check runs the image's launches in a child with JIT off and nvcc
+    hidden; torch finds no GPU, the child exits non-zero, and the check fails saying so (never a pass on nothing);
+    nvcc is the real one again afterwards."""
+    ran = engine.run(flagship.image, ["/opt/venv/bin/python", "-c", GPU_KERNELS_TOLD_A_GPU])
+    answer = json.loads(ran.stdout.splitlines()[-1])
+    assert answer["check"]["status"] == "fail", answer
+    assert "the GPU launches printed no result (exit 1)" in answer["check"]["detail"]
+    assert "get_device_capability" in answer["check"]["detail"]
+    assert answer["nvcc"] > 100_000 and not answer["aside"]  # the real binary, not the stand-in script
+
+
 @pytest.mark.slow
 @pytest.mark.engine
 @pytest.mark.parametrize("kind", ["flashinfer", "sglang"])

@@ -12,14 +12,12 @@ Never run on the machines imagebuild is developed on, which have no GPU; the ver
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 
 from .gpus import runs_on
 from .report import FAIL, PASS, SKIP, make_check
 from .system import last_line, run_python_json
-from .zero_jit import HiddenNvcc, PACKAGE, package_root
+from .zero_jit import cuda_home_of, hideable, read_manifest, run_jit_off
 
 NAME = "gpu-kernels"
 TOLERANCE = 2e-2  # bf16 output against float32: the H200 run measured 0.002-0.005
@@ -34,26 +32,13 @@ def check_gpu_kernels(expect: dict, gpu_visible: bool) -> dict:
     spec = expect.get("aot")
     if not spec:
         return check_jit_compute()
-    path = spec.get("manifest", "")
-    try:
-        with open(path) as handle:
-            manifest = json.load(handle)
-    except (OSError, ValueError) as error:
-        return make_check(NAME, FAIL, f"the kernel manifest {path} is unreadable: {error}", path=path)
-    cuda_home = (expect.get("cuda") or {}).get("home") or os.environ.get("CUDA_HOME", "")
-    if not os.path.isfile(os.path.join(cuda_home, "bin", "nvcc")) or not os.access(os.path.join(cuda_home, "bin"), os.W_OK):
+    manifest, error = read_manifest(spec)
+    if error:
+        return make_check(NAME, FAIL, error, path=spec.get("manifest", ""))
+    cuda_home = cuda_home_of(expect)
+    if not hideable(cuda_home):
         return make_check(NAME, FAIL, f"cannot hide {cuda_home}/bin/nvcc for the launches (missing or read-only)")
-    with tempfile.TemporaryDirectory(prefix="imagebuild-gpu-kernels-") as scratch:
-        spec_path = os.path.join(scratch, "aot.json")
-        with open(spec_path, "w") as handle:
-            json.dump(spec, handle)
-        env = dict(os.environ, FLASHINFER_DISABLE_JIT="1", SGLANG_CRASH_ON_JIT_COMPILE="1",
-                   FLASHINFER_WORKSPACE_BASE=os.path.join(scratch, "workspace"),
-                   PYTHONPATH=package_root(), PYTHONDONTWRITEBYTECODE="1")
-        code = f"import sys; from {PACKAGE}.gpu_launch import main; sys.exit(main(sys.argv[1:]))"
-        with HiddenNvcc(cuda_home, manifest.get("nvcc_version", ""), scratch) as hidden:
-            answer, status, errors = run_python_json(code, spec_path, path, timeout=LAUNCH_TIMEOUT_S, env=env)
-            nvcc_calls = hidden.calls()
+    answer, status, errors, nvcc_calls, _ = run_jit_off("gpu_launch", [], spec, manifest, cuda_home, LAUNCH_TIMEOUT_S)
     return kernels_verdict(answer, status, errors, manifest, spec, nvcc_calls)
 
 

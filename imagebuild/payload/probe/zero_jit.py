@@ -125,30 +125,53 @@ def check_aot(expect: dict) -> dict:
     spec = expect.get("aot")
     if not spec:
         return make_check("zero-jit", SKIP, "the recipe has no [aot] table: kernels compile on first use")
+    manifest, error = read_manifest(spec)
+    if error:
+        return make_check("zero-jit", FAIL, error, path=spec.get("manifest", ""))
+    problems = check_artifacts(manifest, spec["archs"])
+    cuda_home = cuda_home_of(expect)
+    if not hideable(cuda_home):
+        return make_check("zero-jit", FAIL, f"cannot hide {cuda_home}/bin/nvcc for the proof (missing or read-only)",
+                          problems=problems)
+    proof, status, errors, nvcc_calls, nvcc_queries = run_jit_off("kernels_aot", ["prove"], spec, manifest, cuda_home,
+                                                                  PROVE_TIMEOUT_S)
+    return _verdict(proof, status, errors, problems, nvcc_calls, manifest, nvcc_queries)
+
+
+def read_manifest(spec: dict) -> tuple:
+    """([aot]'s manifest, None), or (None, why it cannot be read)."""
     path = spec.get("manifest", "")
     try:
         with open(path) as handle:
-            manifest = json.load(handle)
+            return json.load(handle), None
     except (OSError, ValueError) as error:
-        return make_check("zero-jit", FAIL, f"the kernel manifest {path} is unreadable: {error}", path=path)
-    problems = check_artifacts(manifest, spec["archs"])
-    cuda_home = (expect.get("cuda") or {}).get("home") or os.environ.get("CUDA_HOME", "")
-    if not os.path.isfile(os.path.join(cuda_home, "bin", "nvcc")) or not os.access(os.path.join(cuda_home, "bin"), os.W_OK):
-        return make_check("zero-jit", FAIL, f"cannot hide {cuda_home}/bin/nvcc for the proof (missing or read-only)",
-                          problems=problems)
-    with tempfile.TemporaryDirectory(prefix="imagebuild-zero-jit-") as scratch:
+        return None, f"the kernel manifest {path} is unreadable: {error}"
+
+
+def cuda_home_of(expect: dict) -> str:
+    return (expect.get("cuda") or {}).get("home") or os.environ.get("CUDA_HOME", "")
+
+
+def hideable(cuda_home: str) -> bool:
+    return os.path.isfile(os.path.join(cuda_home, "bin", "nvcc")) and os.access(os.path.join(cuda_home, "bin"), os.W_OK)
+
+
+def run_jit_off(module: str, args: list, spec: dict, manifest: dict, cuda_home: str, timeout: float) -> tuple:
+    """This package's MODULE.main(ARGS + [aot.json, manifest]) in a child with FlashInfer's and SGLang's JIT off,
+    an empty FlashInfer workspace and nvcc behind the stand-in: (its JSON answer, exit status, stderr's tail,
+    the compiles nvcc was asked for, the arch lists it gave)."""
+    with tempfile.TemporaryDirectory(prefix=f"imagebuild-{module}-") as scratch:
         spec_path = os.path.join(scratch, "aot.json")
         with open(spec_path, "w") as handle:
             json.dump(spec, handle)
         env = dict(os.environ, FLASHINFER_DISABLE_JIT="1", SGLANG_CRASH_ON_JIT_COMPILE="1",
                    FLASHINFER_WORKSPACE_BASE=os.path.join(scratch, "workspace"),
                    PYTHONPATH=package_root(), PYTHONDONTWRITEBYTECODE="1")
-        code = (f"import sys; from {PACKAGE}.kernels_aot import main; "
-                "sys.exit(main(sys.argv[1:]))")
+        code = f"import sys; from {PACKAGE}.{module} import main; sys.exit(main(sys.argv[1:]))"
         with HiddenNvcc(cuda_home, manifest.get("nvcc_version", ""), scratch) as hidden:
-            proof, status, errors = run_python_json(code, "prove", spec_path, path, timeout=PROVE_TIMEOUT_S, env=env)
-            nvcc_calls, nvcc_queries = hidden.calls(), hidden.queries()
-    return _verdict(proof, status, errors, problems, nvcc_calls, manifest, nvcc_queries)
+            answer, status, errors = run_python_json(code, *args, spec_path, spec.get("manifest", ""), timeout=timeout,
+                                                     env=env)
+            return answer, status, errors, hidden.calls(), hidden.queries()
 
 
 # What SGLang raises, in the releases read (0.5.22, 0.5.23: kernels/jit/utils/compile/loader.py), when a
