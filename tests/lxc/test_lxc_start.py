@@ -218,10 +218,14 @@ def test_lxc_starts_the_template_and_its_init_runs_the_images_python_on_the_cons
                      "env=dict(os.environ), parent=os.getppid(), stdin=os.readlink('/proc/self/fd/0'), "
                      "init=open('/proc/1/cmdline').read().split(chr(0))[:2])))\r")
         seen = json.loads(console.read_until(r"ib-seen (\{.*?\})\r*\n").group(1))
+        init_pid = int(container.run("lxc-info", "-p", "-H").stdout)
+        host_ids = [line.split()[1] for line in Path(f"/proc/{init_pid}/status").read_text().splitlines()
+                    if line.startswith(("Uid:", "Gid:"))]
         net = container.attach("cat", "/proc/net/dev")
         shm = container.attach("grep", " /dev/shm ", "/proc/mounts")
     print(f"in the container: {seen}")
     assert seen["init"] == ["/bin/sh", "/sbin/init"] and seen["parent"] == 1  # the shim is PID 1, python its child
+    assert host_ids == [str(SHIFT), str(SHIFT)]  # unprivileged: its root is 100000 on the host
     assert seen["prefix"] == "/opt/venv" and seen["stdin"].startswith("/dev/") and seen["stdin"] != "/dev/null"
     expected = image_env(engine, toolchain)
     assert expected and {key: seen["env"].get(key) for key in expected} == expected
