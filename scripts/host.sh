@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(docker.io mmdebstrap zstd python3 python3-venv ca-certificates git gpgv gpg debian-archive-keyring
               skopeo docker-registry apache2-utils openssl buildah umoci systemd-container
               xz-utils pigz oci-image-tool jq iproute2
-              qemu-user-static binfmt-support arch-test)
+              qemu-user-static binfmt-support arch-test lxc)
 
 log() { printf '\033[1;36m[host]\033[0m %s\n' "$*" >&2; }
 
@@ -48,6 +48,15 @@ register_binfmt() {
   arch-test arm64 >/dev/null 2>&1 || log "arm64 emulation is not available here (binfmt_misc): arm64 builds and tests will say so"
 }
 
+# LXC maps an unprivileged container's ids through newuidmap, which needs root's range in /etc/subuid
+# and /etc/subgid: the one Proxmox gives root (u:0:100000:65536), added once (tests/lxc/test_lxc_start.py).
+subid_ranges() {
+  local file
+  for file in /etc/subuid /etc/subgid; do
+    grep -qsx 'root:100000:65536' "$file" || echo 'root:100000:65536' >> "$file"
+  done
+}
+
 start_engine() {
   if /usr/bin/docker info >/dev/null 2>&1; then return; fi
   log "starting dockerd (log: /var/log/imagebuild-dockerd.log)"
@@ -61,6 +70,7 @@ start_engine() {
 
 install_packages
 register_binfmt
+subid_ranges
 make_venv
 start_engine
 export IMAGEBUILD_DOCKER_CLI=/usr/bin/docker

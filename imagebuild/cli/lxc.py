@@ -43,6 +43,9 @@ def add_commands(command) -> None:
     cmd = command("lxc-config", "print the Proxmox container config lines that pass NVIDIA GPUs "
                   "through (append them to /etc/pve/lxc/ID.conf)")
     cmd.add_argument("--gpus", default="all", help="all, or GPU numbers like 0,1 (default all)")
+    cmd.add_argument("--format", choices=["pve", "lxc"], default="pve",
+                     help="pve: `lxc.key: value` for /etc/pve/lxc/ID.conf (default); lxc: `lxc.key = value` "
+                     "for a plain LXC container's config")
     cmd.add_argument("--image", help="also check that this image carries no libcuda.so of its own")
     cmd.add_argument("--root", type=Path, default=Path("/"),
                      help="read proc/devices and dev/ under this folder (default /, the host)")
@@ -112,8 +115,9 @@ def lxc_config(args: argparse.Namespace, out: Console, err: Console) -> int:
                 f"{args.image} carries {', '.join(libraries)}: a container must use the host's own "
                 "driver library, which Proxmox's mount entries cannot replace; remove it from the image "
                 "(a link-time stub under …/stubs/ is fine)")
+    lines = config.lines if args.format == "pve" else lxc_gpu.lxc_syntax(config.lines)
     if args.json:
-        data = config.to_dict() | {"ok": True}
+        data = config.to_dict() | {"lines": list(lines), "format": args.format, "ok": True}
         if args.image:
             data["image"] = {"name": args.image, "driver_libraries": libraries}
         out.print_json(data=data)
@@ -122,6 +126,6 @@ def lxc_config(args: argparse.Namespace, out: Console, err: Console) -> int:
         err.print(line(("warning", "yellow"), " ", warning))
     if args.image:
         err.print(line(args.image, ": no libcuda.so of its own (the host's driver will be used)"))
-    for text in config.lines:
+    for text in lines:
         out.print(line(text))
     return EXIT_OK

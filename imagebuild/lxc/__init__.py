@@ -7,7 +7,7 @@
 
 Public surface: lxc.export_template, lxc.export_oci, lxc.resolve_image, lxc.default_name, lxc.COMPRESSORS;
 rootfs_filter.TemplatePlan, filter_rootfs, TemplateError; lxc_gpu.gpu_passthrough,
-image_driver_libraries, DriverInImage.
+lxc_syntax, image_driver_libraries, DriverInImage.
 
 May import: image, engine, common, errors. No registry code.
 """

@@ -10,7 +10,10 @@ if command -v ifup >/dev/null 2>&1 && [ -f /etc/network/interfaces ]; then ifup 
 set --
 . /etc/imagebuild/command
 [ "$#" -gt 0 ] || set -- sleep infinity
-"$@" <&0 &
+# sh gives a background job /dev/null as stdin, so the console goes through fd 3.
+exec 3<&0
+"$@" <&3 3<&- &
+exec 3<&-
 child=$!
 trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP PWR
 wait "$child"; status=$?

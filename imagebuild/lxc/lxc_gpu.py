@@ -3,7 +3,8 @@ host's NVIDIA devices into a container, and the check that an image brings no dr
 its own (the container must use the host's libcuda, which mount entries cannot replace).
 
 The device majors are read from the host's /proc/devices and the GPUs from its /dev: the nvidia-uvm
-major differs from host to host. docs/proxmox.md says how the lines are used.
+major differs from host to host. The lines are in Proxmox's `/etc/pve/lxc/ID.conf` form; lxc_syntax
+gives them as a plain LXC config takes them. docs/proxmox.md says how the lines are used.
 """
 
 from __future__ import annotations
@@ -105,6 +106,13 @@ def gpu_passthrough(spec: str = "all", root: Path = Path("/")) -> GpuPassthrough
             warnings.append(f"/dev/{node} does not exist on this host yet; the entry is optional"
                             + (" (nvidia-modprobe -u -c=0 creates nvidia-uvm)" if "uvm" in node else ""))
     return GpuPassthrough(tuple(wanted), uvm, caps, tuple(lines), tuple(warnings))
+
+
+def lxc_syntax(lines) -> tuple[str, ...]:
+    """Proxmox's `lxc.key: value` lines as LXC's own config syntax, `lxc.key = value`: what
+    pve-container writes for them into the config it starts the container with (LXC's parser
+    refuses the colon form)."""
+    return tuple(f"{key.strip()} = {value.strip()}" for key, _, value in (line.partition(":") for line in lines))
 
 
 def image_driver_libraries(engine, image: str) -> list[str]:

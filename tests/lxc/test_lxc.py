@@ -453,6 +453,19 @@ def test_lxc_config_cli_on_a_fake_host(tmp_path, lxc_cli, capsys):
     assert json.loads(capsys.readouterr().out)["error"] == "NoGpuDevices"
 
 
+def test_lxc_syntax_is_what_pve_container_writes_for_raw_lxc_keys(tmp_path, lxc_cli, capsys):
+    config = lxc_gpu.gpu_passthrough("0", fake_host(tmp_path))
+    plain = lxc_gpu.lxc_syntax(config.lines)
+    assert plain[0] == "lxc.cgroup2.devices.allow = c 195:* rwm"  # the value's own colon stays
+    assert plain[3] == "lxc.mount.entry = /dev/nvidia0 dev/nvidia0 none bind,optional,create=file"
+    assert len(plain) == len(config.lines) and all(" = " in line and ": " not in line.split(" = ")[0] for line in plain)
+    assert lxc_cli(["lxc-config", "--gpus", "0", "--root", str(fake_host(tmp_path / "b")), "--format", "lxc"]) == 0
+    assert tuple(capsys.readouterr().out.splitlines()) == plain
+    assert lxc_cli(["lxc-config", "--gpus", "0", "--root", str(fake_host(tmp_path / "c")), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["format"] == "pve" and data["lines"][0] == "lxc.cgroup2.devices.allow: c 195:* rwm"
+
+
 # ---------------------------------------------------------------- with the engine
 
 docker_needed = pytest.mark.engine
