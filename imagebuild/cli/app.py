@@ -142,7 +142,7 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
                      help="leave this build's layers there for the next runner's --cache-from")
     cmd.add_argument("--registry-ca-cert", metavar="PATH",
                      help="CA that signed the certificate of --registry and --cache-to")
-    compression_option(cmd, "--registry pushes (its lock tag is lock-<sha256>-zstd for zstd)")
+    compression_option(cmd, "the layers --registry pushes (under lock-<sha256>-zstd for zstd)")
     cmd.add_argument("--insecure-http", action="store_true",
                      help="plain HTTP to --registry and --cache-to, only for a registry on this machine")
 

@@ -287,3 +287,20 @@ def test_build_by_lock_pushes_zstd_under_its_own_lock_tag_and_finds_it_again(eng
     found = reuse_by_lock(zstd_target, LOCK, "next-run", said.append, expected=hit.digest)
     assert found is not None and found.digest == hit.digest and found.smoke["checks"] == smoke["checks"], said
     assert reuse_by_lock(gzip_target, LOCK, "gzip-run", said.append) is None  # no gzip image for this lock there
+
+
+@pytest.mark.engine
+def test_the_cli_s_export_oci_and_push_take_compression_zstd(engine, true_image, server, tmp_path, capsys):
+    from imagebuild.cli import app as cli
+    layout = export.export_layout(engine, true_image, tmp_path / "library", compression="zstd", cache=False)
+    code = cli.main(["export-oci", true_image, "-o", str(tmp_path / "cli"), "--compression", "zstd", "--no-sbom",
+                     "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["manifest_digest"] == layout.manifest_digest
+    assert {layer["mediaType"] for layer in report["layers"]} == {ZSTD.media_type}
+    code = cli.main(["push", true_image, f"{server.host}/team/cli:1", "--insecure-http", "--compression", "zstd",
+                     "--json"])
+    pushed = json.loads(capsys.readouterr().out)
+    assert code == 0 and pushed["digest"] == layout.manifest_digest
+    code = cli.main(["push", true_image, f"{server.host}/team/cli:gzip", "--insecure-http", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["digest"] != layout.manifest_digest  # default: gzip
