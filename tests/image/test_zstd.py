@@ -191,10 +191,14 @@ def true_image(engine, tmp_path_factory):
                                         'CMD ["/usr/bin/true"]\n')
     tag = f"imagebuild-test/zstd-{os.getpid()}:1"
     engine.tag(engine.build(context), tag)
+    built_from[tag] = context
     try:
         yield tag
     finally:
         engine.remove(tag)
+
+
+built_from: dict[str, Path] = {}  # true_image's build context, for a second engine to build it again
 
 
 @pytest.fixture
@@ -304,3 +308,16 @@ def test_the_cli_s_export_oci_and_push_take_compression_zstd(engine, true_image,
     assert code == 0 and pushed["digest"] == layout.manifest_digest
     code = cli.main(["push", true_image, f"{server.host}/team/cli:gzip", "--insecure-http", "--json"])
     assert code == 0 and json.loads(capsys.readouterr().out)["digest"] != layout.manifest_digest  # default: gzip
+
+
+@pytest.mark.engine
+def test_a_second_private_engine_building_the_same_context_gives_the_same_zstd_manifest(engine, true_image,
+                                                                                       fresh_runner, tmp_path):
+    from imagebuild.engine.docker import DockerEngine
+    second = DockerEngine(host=fresh_runner.host)
+    assert second.inspect(true_image) is None  # its own empty store: the image is built there anew
+    other_id = second.build(built_from[true_image])
+    here = export.export_layout(engine, true_image, tmp_path / "here", compression="zstd", cache=False)
+    there = export.export_layout(second, other_id, tmp_path / "there", compression="zstd", cache=False)
+    assert here.manifest_digest == there.manifest_digest and here.layers == there.layers
+    assert {d.media_type for d in there.layers} == {ZSTD.media_type}
