@@ -11,7 +11,9 @@ version only. Reading a zstd blob goes through the same CLI; a damaged one is a 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
+import re
 import shutil
 import subprocess
 import tempfile
@@ -39,7 +41,7 @@ class CompressionError(LayoutError):
 class Compression:
     name: str  # what --compression takes
     media_type: str  # the layer's OCI media type
-    cache_key: str  # what LayerCache keys a blob by (the level is part of the blob's bytes)
+    cache_key: str  # the compressor and level, in LayerCache's key (cache_key() adds zstd's version)
 
 
 GZIP = Compression("gzip", "application/vnd.oci.image.layer.v1.tar+gzip", str(GZIP_LEVEL))
@@ -64,6 +66,20 @@ def _zstd() -> str:
         raise CompressionError("zstd layers need the zstd command: apt-get install zstd "
                                "(scripts/host.sh installs it)")
     return found
+
+
+@functools.lru_cache(maxsize=1)
+def _zstd_version() -> str:
+    """`v1.5.4`: the CLI's version, which decides the blob's bytes as much as the level does."""
+    said = subprocess.run([_zstd(), "-V"], capture_output=True, text=True).stdout
+    match = re.search(r"v\d+\.\d+\.\d+", said)
+    return match.group(0) if match else "unknown"
+
+
+def cache_key(kind: str | Compression) -> str:
+    """What a cached blob was made with: gzip's level (zlib is Python's own), or zstd's level and version."""
+    kind = compression(kind)
+    return kind.cache_key if kind is GZIP else f"{kind.cache_key}-{_zstd_version()}"
 
 
 def check_available(kind: str | Compression) -> None:

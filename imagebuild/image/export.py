@@ -26,7 +26,8 @@ from typing import IO, BinaryIO, Callable, Iterator, TypeVar
 
 from imagebuild.common import REPRO_EPOCH, cache_dir, sha256_file
 from imagebuild.errors import ImagebuildError
-from imagebuild.image.compression import DEFAULT, Compression, check_available, compression as compression_named
+from imagebuild.image.compression import (DEFAULT, Compression, cache_key, check_available,
+                                          compression as compression_named)
 from imagebuild.image.normalize import TAR_ERRORS, LayerError, clean_path, spilled, write_layer_blob
 from imagebuild.image.oci import (CONFIG_KEYS, JSON_LIMIT, MEDIA_CONFIG, MEDIA_MANIFEST, REF_NAME,
                                   Descriptor, LayoutError, blob_path, canonical_json, image_manifest, load_json,
@@ -215,7 +216,7 @@ class LayerCache:
         self.root = Path(root)
 
     def _record(self, engine_digest: str, epoch: int, compression: Compression) -> Path:
-        return self.root / "layers" / f"{engine_digest}-{epoch}-{compression.cache_key}-{self.FORMAT}.json"
+        return self.root / "layers" / f"{engine_digest}-{epoch}-{cache_key(compression)}-{self.FORMAT}.json"
 
     def get(self, engine_digest: str, epoch: int, blob_dir: Path,
             compression: Compression = DEFAULT) -> LayerBlob | None:
