@@ -1,6 +1,6 @@
 """zstd layers (`--compression zstd`): the same image gives the same bytes twice, and real consumers read
 them: skopeo decompresses the layout's layer to its diff_id, the real registry server takes the push,
-Podman (Debian's 4.3) pulls it from the loopback registry and unpacks the files, and build by lock finds
+Podman (Debian's 4.3) pulls it from the loopback registry, unpacks the files and runs `true` in it, and build by lock finds
 the zstd image under its own lock tag. Docker 20.10, this machine's engine, cannot pull zstd (it reads
 it as a plain tar), which is why gzip stays the default.
 
@@ -177,10 +177,11 @@ def test_the_layer_cache_keeps_gzip_and_zstd_blobs_of_one_engine_layer_apart(tmp
 
 @pytest.fixture(scope="module")
 def true_image(engine, tmp_path_factory):
-    """A tiny real image FROM scratch: /usr/bin/true with the libraries it loads, labelled as built from LOCK."""
+    """A tiny real image FROM scratch: /usr/bin/true and false with the libraries they load, labelled as built
+    from LOCK."""
     _need("zstd", "skopeo", "ldd")
     context = tmp_path_factory.mktemp("true-image")
-    files = ["/usr/bin/true"] + [part for line in subprocess.run(["ldd", "/usr/bin/true"], capture_output=True,
+    files = ["/usr/bin/true", "/usr/bin/false"] + [part for line in subprocess.run(["ldd", "/usr/bin/true"], capture_output=True,
                                                                    text=True, check=True).stdout.splitlines()
                                  for part in line.split() if part.startswith("/")]
     for name in files:
@@ -245,7 +246,7 @@ def test_export_is_reproducible_and_skopeo_decompresses_the_layers_to_their_diff
 
 
 @pytest.mark.engine
-def test_podman_pulls_the_pushed_zstd_image_from_the_loopback_registry(engine, true_image, server, tmp_path):
+def test_podman_pulls_the_pushed_zstd_image_from_the_loopback_registry_and_runs_true(engine, true_image, server, tmp_path):
     _need("podman")
     layout = export.export_layout(engine, true_image, tmp_path / "layout", compression="zstd", cache=False)
     ref = f"{server.host}/team/zstd:1"
@@ -271,6 +272,12 @@ def podman_reads(podman: list[str], ref: str, layout: export.LayoutResult) -> No
     registry_server.run(*podman, "pull", "--tls-verify=false", ref)
     layers = registry_server.run(*podman, "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref).stdout
     assert json.loads(layers) == list(layout.diff_ids)
+    # Limits at or under this sandbox's own: podman's defaults are above them and runc may not raise them.
+    limits = ["--ulimit", "nproc=1024:1024", "--ulimit", "nofile=1024:1024", "--network", "none"]
+    ran = subprocess.run([*podman, "run", "--rm", *limits, ref, "/usr/bin/true"], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    failed = subprocess.run([*podman, "run", "--rm", *limits, ref, "/usr/bin/false"], capture_output=True, text=True)
+    assert failed.returncode == 1, failed.stderr  # negative control: the image's own binary ran and said no
     registry_server.run(*podman, "create", "--name", "zstd-unpacked", ref)
     unpacked = Path(podman[2]).parent / "unpacked.tar"
     registry_server.run(*podman, "export", "-o", str(unpacked), "zstd-unpacked")
