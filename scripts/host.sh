@@ -9,9 +9,10 @@ cd "$(dirname "$0")/.."
 # Debian packages the pipeline and its tests use: the engine and its CLI (BuildKit through Debian's
 # docker.io client), mmdebstrap for bases, gpgv and Debian's keyring (a base is locked only from a
 # signed InRelease; gpg signs the tests' own archives), and the real counterparts the tests talk to.
+# (podman: a consumer of zstd layers, which Debian 12's Docker 20.10 cannot pull).
 APT_PACKAGES=(docker.io mmdebstrap zstd python3 python3-venv ca-certificates git gpgv gpg debian-archive-keyring
               skopeo docker-registry apache2-utils openssl buildah umoci systemd-container
-              xz-utils pigz oci-image-tool jq iproute2
+              xz-utils pigz oci-image-tool jq iproute2 podman
               qemu-user-static binfmt-support arch-test lxc)
 
 log() { printf '\033[1;36m[host]\033[0m %s\n' "$*" >&2; }

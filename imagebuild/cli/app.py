@@ -17,7 +17,7 @@ from rich.console import Console
 
 from imagebuild import __version__, flows
 from imagebuild.cli.examples import HelpFormatter, epilog
-from imagebuild.cli.options import engine_option, gpus_chosen, gpus_options
+from imagebuild.cli.options import compression_option, engine_option, gpus_chosen, gpus_options
 from imagebuild.cli.output import (JsonProgress, Progress, line, make_console, print_base_moves, print_error, print_findings,
                                    print_package_moves, print_patch_results, print_smoke)
 from imagebuild.engine.contract import BuildCache
@@ -142,6 +142,7 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
                      help="leave this build's layers there for the next runner's --cache-from")
     cmd.add_argument("--registry-ca-cert", metavar="PATH",
                      help="CA that signed the certificate of --registry and --cache-to")
+    compression_option(cmd, "the layers --registry pushes (under lock-<sha256>-zstd for zstd)")
     cmd.add_argument("--insecure-http", action="store_true",
                      help="plain HTTP to --registry and --cache-to, only for a registry on this machine")
 
@@ -238,7 +239,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from imagebuild.engine import default_engine
     engine = default_engine(args.engine)
     if args.command == "build":
-        registry = RegistryTarget(args.registry, args.registry_ca_cert, args.insecure_http) if args.registry else None
+        registry = RegistryTarget(args.registry, args.registry_ca_cert, args.insecure_http,
+                                  args.compression) if args.registry else None
         cache = BuildCache(tuple(args.cache_from), args.cache_to, args.registry_ca_cert, args.insecure_http) \
             if args.cache_from or args.cache_to else None
         with progress.spinning("building"):

@@ -13,6 +13,13 @@ def engine_option(cmd: argparse.ArgumentParser) -> None:
                      help=f"the container engine (default: {DEFAULT_ENGINE})")
 
 
+def compression_option(cmd: argparse.ArgumentParser, what: str) -> None:
+    """--compression gzip|zstd: gzip, which every engine reads, unless zstd is asked for."""
+    cmd.add_argument("--compression", choices=("gzip", "zstd"), default="gzip",
+                     help=f"how {what} are compressed: gzip (default; every engine reads it) or zstd "
+                          "(a node unpacks it faster; containerd, Podman, CRI-O and Docker 23+ read it)")
+
+
 def gpu_request(text: str) -> bool | tuple:
     """`all` (True: every GPU the engine's host has) or GPU numbers like `0,1` (a tuple of them)."""
     if text == "all":

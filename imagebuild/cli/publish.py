@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from imagebuild.cli.options import compression_option
 from imagebuild.cli.output import line
 from imagebuild.errors import EXIT_OK, ImagebuildError
 from imagebuild.flows.built import record_push
@@ -50,6 +51,7 @@ def add_commands(command) -> None:
     cmd.add_argument("--chunk-size", type=byte_size, default=DEFAULT_CHUNK, metavar="SIZE",
                      help=f"layers larger than this go up in resumable chunks of it "
                           f"(default {DEFAULT_CHUNK >> 20}M)")
+    compression_option(cmd, "an engine image's layers")
     cmd.add_argument("--retries", type=int, default=5,
                      help="retries of a request after 5xx, 429 or a lost connection (default 5)")
     cmd.set_defaults(handler=run_push)
@@ -75,7 +77,7 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
             locked = lock_built(info)
             passed = smoke_on_record(info.id) if locked else None
             source = Path(tmp) / "layout"
-            exported = export_engine_image(engine, args.source, source, progress)
+            exported = export_engine_image(engine, args.source, source, progress, compression=args.compression)
         ref = parse_reference(args.reference)
         report = push(source, args.reference, layout_name=args.layout_name, ca_cert=args.ca_cert,
                       insecure_http=args.insecure_http, mount_from=args.mount_from,
@@ -85,9 +87,10 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
         if locked and passed:  # its smoke report attached first, so the lock tag never names an image without it
             target = RegistryTarget(f"{ref.registry}/{ref.repository}", ca_cert=args.ca_cert,
                                     insecure_http=args.insecure_http)
-            tag_for_lock(target.client(progress), ref, report.digest, locked, passed, image_id=info.id)
-            report.lock_tag = lock_tag(locked)
-            record_push(locked, f"{ref.registry}/{ref.repository}", report.digest)
+            tag_for_lock(target.client(progress), ref, report.digest, locked, passed, image_id=info.id,
+                         compression=args.compression)
+            report.lock_tag = lock_tag(locked, args.compression)
+            record_push(locked, f"{ref.registry}/{ref.repository}", report.digest, args.compression)
     if args.digest_file:
         args.digest_file.write_text(report.digest + "\n")
     if args.json:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from imagebuild.cli.options import engine_option
+from imagebuild.cli.options import compression_option, engine_option
 from imagebuild.cli.output import line
 from imagebuild.engine import default_engine
 from imagebuild.errors import EXIT_FAILED, EXIT_OK, ImagebuildError
@@ -35,6 +35,7 @@ def add_commands(command) -> None:
     cmd.add_argument("--ref-name", help="the layout's ref name (default: the image's tag; several images: "
                                         "their tag without its -ARCH suffix)")
     cmd.add_argument("--no-sbom", action="store_true", help="write no SBOM")
+    compression_option(cmd, "the layers")
     engine_option(cmd)
     cmd.set_defaults(handler=export_command)
 
@@ -113,7 +114,8 @@ def export_command(args, out: Console, err: Console) -> int:
         return export_index_command(engine, args, out, err)
     image = args.image[0]
     with err.status(line("exporting ", image)):
-        result = export.export_layout(engine, image, args.out, ref_name=args.ref_name)
+        result = export.export_layout(engine, image, args.out, ref_name=args.ref_name,
+                                      compression=args.compression)
     report = result.to_dict()
     if not args.no_sbom:
         document = layout_sbom(engine, args.out, image, args.lock, result.manifest_digest)
@@ -138,7 +140,8 @@ def export_index_command(engine, args, out: Console, err: Console) -> int:
     sbom_for = None if args.no_sbom else (
         lambda part, image, result: layout_sbom(engine, part, image, None, result.manifest_digest))
     with err.status(line("exporting ", " ".join(args.image))):
-        result = index.export_index(engine, args.image, args.out, ref_name=args.ref_name, sbom_for=sbom_for)
+        result = index.export_index(engine, args.image, args.out, ref_name=args.ref_name, sbom_for=sbom_for,
+                                    compression=args.compression)
     report = result.to_dict()
     for entry, item in zip(report["platforms"], result.platforms):
         if item.sbom_document is not None:

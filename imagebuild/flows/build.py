@@ -106,7 +106,8 @@ def build_single(recipe: Recipe, current: Lock, path: Path, engine: Engine, opti
     if registry is not None and not options.rebuild:
         clock = time.monotonic()
         hit = reuse_by_lock(registry, current.sha256, split_ref(options.tag)[1], options.progress,
-                            expected=built.pushed_digest(current.sha256, repository(registry)))
+                            expected=built.pushed_digest(current.sha256, repository(registry),
+                                                         registry.compression))
         if hit:
             timings["registry"] = time.monotonic() - clock
             options.progress(f"reusing {hit.reference}: the registry holds the image built from this lock "
@@ -241,7 +242,7 @@ def pushed(report: BuildReport, registry: RegistryTarget | None, current: Lock, 
         raise ImagebuildError(f"{report.image} has no smoke report that passed: it is not pushed under its lock tag")
     hit = push_by_lock(engine, report.image, registry, current.sha256, split_ref(report.image)[1],
                        report.smoke.report, options.progress, image_id=report.image_id)
-    built.record_push(current.sha256, repository(registry), hit.digest)
+    built.record_push(current.sha256, repository(registry), hit.digest, registry.compression)
     report.seconds["push"] = time.monotonic() - clock
     report.registry = {**asdict(hit), "pushed": True}
     return report

@@ -4,7 +4,8 @@ its config, is pushed to a cache reference; the next runner's build names that r
 
 The cache image is the released image's twin: the same normalized layers (a registry holding both
 stores them once), and a config that also says which build step made which layer. The released image
-never carries that metadata, so its digest stays reproducible.
+never carries that metadata, so its digest stays reproducible. Its layers are always gzip, whatever
+--compression says: the engine's BuildKit pulls them, and Docker 20.10 reads no zstd.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What this machine built from each lock: the engine image ids (an image id is its config digest, so
 it names one layer chain on any engine) and the manifest digests pushed for it, by registry
-repository. Build by lock reuses only an image on record: a label says which lock an image was built
+repository (and compression: zstd layers give another manifest). Build by lock reuses only an image on record: a label says which lock an image was built
 FROM, since Docker copies labels into every image made `FROM` it or by `docker commit`.
 """
 
@@ -46,11 +46,15 @@ def record_image(lock_sha256: str, image_id: str) -> None:
         _write(lock_sha256, data)
 
 
-def pushed_digest(lock_sha256: str, repository: str) -> str | None:
-    return _read(lock_sha256)["pushed"].get(repository)
+def _key(repository: str, compression: str) -> str:
+    return repository if compression == "gzip" else f"{repository}+{compression}"
 
 
-def record_push(lock_sha256: str, repository: str, digest: str) -> None:
+def pushed_digest(lock_sha256: str, repository: str, compression: str = "gzip") -> str | None:
+    return _read(lock_sha256)["pushed"].get(_key(repository, compression))
+
+
+def record_push(lock_sha256: str, repository: str, digest: str, compression: str = "gzip") -> None:
     data = _read(lock_sha256)
-    data["pushed"][repository] = digest
+    data["pushed"][_key(repository, compression)] = digest
     _write(lock_sha256, data)

@@ -7,6 +7,9 @@ layer is downloaded, no build or smoke runs.
 A lock tag is a name, and anyone who may push can point it anywhere: the manifest it names is taken only
 when its config's io.imagebuild.lock.sha256 label is this lock's and a smoke report that passed for that
 very manifest (and config, and lock) is attached to it; otherwise it is built, saying why.
+
+With zstd layers (`--compression zstd`) the same lock gives another manifest, so it has a tag of its own,
+`lock-<lock sha256>-zstd`: a runner that asks for zstd never takes the gzip image, nor the other way round.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 
 from imagebuild.common import Progress, quiet
 from imagebuild.errors import ImagebuildError
+from imagebuild.image.compression import DEFAULT, compression as compression_named
 from imagebuild.image.oci import MANIFEST_TYPES, Descriptor, canonical_json, parse_manifest
 from imagebuild.registry.auth import RegistryError
 from imagebuild.registry.client import RegistryClient, describe
@@ -29,8 +33,10 @@ SMOKE_OK = "io.imagebuild.smoke.ok"
 SMOKE_MANIFEST = "io.imagebuild.smoke.manifest"
 
 
-def lock_tag(lock_sha256: str) -> str:
-    return f"lock-{lock_sha256}"
+def lock_tag(lock_sha256: str, compression: str = DEFAULT.name) -> str:
+    """`lock-<sha256>` for the default gzip layers; `lock-<sha256>-zstd` for zstd ones."""
+    kind = compression_named(compression)
+    return f"lock-{lock_sha256}" if kind is DEFAULT else f"lock-{lock_sha256}-{kind.name}"
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class RegistryTarget:
     repository: str
     ca_cert: str | None = None
     insecure_http: bool = False
+    compression: str = DEFAULT.name  # of the layers pushed, and so of the lock tag looked for
 
     def reference(self, tag: str) -> Reference:
         ref = parse_reference(self.repository)
@@ -63,7 +70,7 @@ class RegistryHit:
 def find_by_lock(target: RegistryTarget, lock_sha256: str, progress: Progress = quiet,
                  client: RegistryClient | None = None) -> str | None:
     """The digest of the manifest tagged for this lock, by a HEAD request; None when there is none."""
-    ref = target.reference(lock_tag(lock_sha256))
+    ref = target.reference(lock_tag(lock_sha256, target.compression))
     client = client or target.client(progress)
     response = client.request("HEAD", f"/v2/{ref.repository}/manifests/{ref.tag}", headers={"Accept": ACCEPT})
     if response.status_code == 404:
@@ -173,9 +180,9 @@ def reuse_by_lock(target: RegistryTarget, lock_sha256: str, tag: str, progress: 
     found = find_by_lock(target, lock_sha256, progress, client)
     if found is None:
         return None
-    source, wanted = target.reference(lock_tag(lock_sha256)), target.reference(tag)
+    source, wanted = target.reference(lock_tag(lock_sha256, target.compression)), target.reference(tag)
     if expected is not None and found != expected:
-        progress(f"{target.repository}:{lock_tag(lock_sha256)} names {found}, not the {expected} pushed from "
+        progress(f"{target.repository}:{source.tag} names {found}, not the {expected} pushed from "
                  "here for this lock: building instead of trusting it")
         return None
     smoke, why = vouch(client, source.repository, found, lock_sha256)
@@ -205,11 +212,11 @@ def attach_smoke(client: RegistryClient, ref: Reference, digest: str, lock_sha25
 
 
 def tag_for_lock(client: RegistryClient, ref: Reference, digest: str, lock_sha256: str, report: dict,
-                 image_id: str | None = None) -> tuple[str, dict]:
+                 image_id: str | None = None, compression: str = DEFAULT.name) -> tuple[str, dict]:
     """The pushed image's smoke report attached, then its manifest put under the lock's tag (in that order,
     so a lock tag never names an image without its report): (the lock tag's reference, the summary)."""
     smoke = attach_smoke(client, ref, digest, lock_sha256, report, image_id)
-    locked = parse_reference(f"{ref.registry}/{ref.repository}:{lock_tag(lock_sha256)}")
+    locked = parse_reference(f"{ref.registry}/{ref.repository}:{lock_tag(lock_sha256, compression)}")
     copy_manifest(client, parse_reference(f"{ref.registry}/{ref.repository}@{digest}"), locked)
     return str(locked), smoke
 
@@ -220,7 +227,9 @@ def push_by_lock(engine, image: str, target: RegistryTarget, lock_sha256: str, t
     the same manifest under the lock's tag."""
     ref = target.reference(tag)
     pushed = push_engine_image(engine, image, ref, ca_cert=target.ca_cert, insecure_http=target.insecure_http,
-                               progress=progress)
-    locked, smoke = tag_for_lock(target.client(progress), ref, pushed.digest, lock_sha256, report, image_id)
-    progress(f"attached the smoke report ({said_checks(smoke)}) to {pushed.digest} and tagged it {lock_tag(lock_sha256)}")
+                               compression=target.compression, progress=progress)
+    locked, smoke = tag_for_lock(target.client(progress), ref, pushed.digest, lock_sha256, report, image_id,
+                                 target.compression)
+    progress(f"attached the smoke report ({said_checks(smoke)}) to {pushed.digest} and tagged it "
+             f"{lock_tag(lock_sha256, target.compression)}")
     return RegistryHit(str(ref), pushed.digest, locked, smoke)

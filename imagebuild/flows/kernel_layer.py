@@ -28,6 +28,7 @@ from pathlib import Path
 
 from imagebuild.common import Progress, quiet, write_atomic
 from imagebuild.errors import ImagebuildError
+from imagebuild.image.compression import ZSTD_MAGIC, CompressionError, decompress_bytes
 from imagebuild.image.oci import DOCKER_LIST, DOCKER_MANIFEST, MEDIA_INDEX, MEDIA_MANIFEST
 from imagebuild.registry.push_source import parse_reference
 from imagebuild.registry.auth import RegistryError
@@ -88,9 +89,13 @@ def read_kernel_layer(source: str, out_dir: Path, *, manifest_path: str, platfor
 
 
 def lay_out(blob: bytes, out_dir: Path, manifest_path: str, result: KernelLayer) -> KernelLayer:
-    """A kernel layer's bytes (a tar, plain or gzip) as cache entries under out_dir; result says what and why not."""
+    """A kernel layer's bytes (a tar, plain, gzip or zstd) as cache entries under out_dir; result says what and why not."""
     try:
+        if blob.startswith(ZSTD_MAGIC):  # an image pushed with --compression zstd
+            blob = decompress_bytes(blob, f"the kernel layer {result.digest}")
         _lay_out(blob, out_dir, manifest_path, result)
+    except CompressionError as err:
+        result.why = str(err)
     except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
         result.why = f"the kernel layer {result.digest} is not a readable tar: {type(err).__name__}: {err}"
     if result.why is None and not result.entries:

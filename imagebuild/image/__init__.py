@@ -8,6 +8,7 @@ diff, SBOMs.
     export.py     an engine image written as a deterministic OCI layout
     index.py      several platforms' images as one layout under an OCI image index, and such a layout read back
     normalize.py  a layer tar rewritten so two builds of one lock give the same bytes
+    compression.py  gzip (default) or zstd layer blobs, written the same way every time, and read back
     tarstream.py  tar headers read and written one at a time, for filters over gigabytes
     verify.py     an image's files against its lock (labels, versions, RECORD hashes), and diff
     sbom.py       the CycloneDX SBOM of an image, from its lock, attached to its layout

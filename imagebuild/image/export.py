@@ -3,7 +3,7 @@
 The engine's own image (`docker save`) carries build-time noise: every file's mtime is the moment it
 was written, the config has `created` stamps and the parent's id. The layout written here keeps only
 what the lock decides: each layer normalized by imagebuild.image.normalize (sorted, mtimes clamped to
-the lock's epoch, numeric owners, deterministic gzip); a config with `created` = the epoch and
+the lock's epoch, numeric owners, deterministic gzip, or zstd on request); a config with `created` = the epoch and
 history without dates. Two builds of one lock then give the same diff_ids and the same manifest
 digest (docs/reproducibility.md says what that covers). The layout format itself is oci.py.
 
@@ -26,8 +26,10 @@ from typing import IO, BinaryIO, Callable, Iterator, TypeVar
 
 from imagebuild.common import REPRO_EPOCH, cache_dir, sha256_file
 from imagebuild.errors import ImagebuildError
-from imagebuild.image.normalize import GZIP_LEVEL, TAR_ERRORS, LayerError, clean_path, spilled, write_layer_blob
-from imagebuild.image.oci import (CONFIG_KEYS, JSON_LIMIT, MEDIA_CONFIG, MEDIA_LAYER, MEDIA_MANIFEST, REF_NAME,
+from imagebuild.image.compression import (DEFAULT, Compression, cache_key, check_available,
+                                          compression as compression_named)
+from imagebuild.image.normalize import TAR_ERRORS, LayerError, clean_path, spilled, write_layer_blob
+from imagebuild.image.oci import (CONFIG_KEYS, JSON_LIMIT, MEDIA_CONFIG, MEDIA_MANIFEST, REF_NAME,
                                   Descriptor, LayoutError, blob_path, canonical_json, image_manifest, load_json,
                                   rfc3339, write_blob, write_index)
 
@@ -37,7 +39,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class LayerBlob:
     diff_id: str  # sha256 of the normalized, uncompressed tar
-    descriptor: Descriptor  # the gzip blob
+    descriptor: Descriptor  # the compressed blob (gzip or zstd, as its media type says)
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,10 @@ class LayoutResult:
                 "seconds": round(self.seconds, 2)}
 
 
-def normalize_layer(raw: BinaryIO, blob_dir: Path, *, epoch: int) -> LayerBlob:
-    """A seekable layer tar (plain or gzip) -> a normalized gzip blob in blob_dir/sha256/."""
-    layer = write_layer_blob(raw, blob_dir, epoch=epoch)
-    return LayerBlob(layer.diff_id, Descriptor(MEDIA_LAYER, layer.digest, layer.size))
+def normalize_layer(raw: BinaryIO, blob_dir: Path, *, epoch: int, compression: Compression = DEFAULT) -> LayerBlob:
+    """A seekable layer tar (plain, gzip or zstd) -> a normalized blob (gzip or zstd) in blob_dir/sha256/."""
+    layer = write_layer_blob(raw, blob_dir, epoch=epoch, compression=compression)
+    return LayerBlob(layer.diff_id, Descriptor(compression.media_type, layer.digest, layer.size))
 
 
 # ---------------------------------------------------------------- reading a saved image
@@ -205,7 +207,7 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
 
 
 class LayerCache:
-    """Normalized blobs keyed by the engine layer's own sha256 (plus epoch, level and format):
+    """Normalized blobs keyed by the engine layer's own sha256 (plus epoch, compressor and level, format):
     the output is a pure function of those, so a base layer is compressed once, not per export."""
 
     FORMAT = 1  # bump whenever normalization changes, or stale blobs would be reused
@@ -213,13 +215,14 @@ class LayerCache:
     def __init__(self, root: Path):
         self.root = Path(root)
 
-    def _record(self, engine_digest: str, epoch: int) -> Path:
-        return self.root / "layers" / f"{engine_digest}-{epoch}-{GZIP_LEVEL}-{self.FORMAT}.json"
+    def _record(self, engine_digest: str, epoch: int, compression: Compression) -> Path:
+        return self.root / "layers" / f"{engine_digest}-{epoch}-{cache_key(compression)}-{self.FORMAT}.json"
 
-    def get(self, engine_digest: str, epoch: int, blob_dir: Path) -> LayerBlob | None:
+    def get(self, engine_digest: str, epoch: int, blob_dir: Path,
+            compression: Compression = DEFAULT) -> LayerBlob | None:
         try:
-            record = json.loads(self._record(engine_digest, epoch).read_text())
-            desc = Descriptor(MEDIA_LAYER, record["digest"], int(record["size"]))
+            record = json.loads(self._record(engine_digest, epoch, compression).read_text())
+            desc = Descriptor(compression.media_type, record["digest"], int(record["size"]))
             cached = blob_path(self.root, desc.digest)
             target = blob_path(blob_dir.parent, desc.digest)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -231,11 +234,12 @@ class LayerCache:
             return None
         return LayerBlob(str(record["diff_id"]), desc)
 
-    def put(self, engine_digest: str, epoch: int, layer: LayerBlob, blob_dir: Path) -> None:
+    def put(self, engine_digest: str, epoch: int, layer: LayerBlob, blob_dir: Path,
+            compression: Compression = DEFAULT) -> None:
         cached = blob_path(self.root, layer.descriptor.digest)
         cached.parent.mkdir(parents=True, exist_ok=True)
         _link_or_copy(blob_path(blob_dir.parent, layer.descriptor.digest), cached)
-        record = self._record(engine_digest, epoch)
+        record = self._record(engine_digest, epoch, compression)
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps({"diff_id": layer.diff_id, "digest": layer.descriptor.digest,
                                       "size": layer.descriptor.size}))
@@ -256,12 +260,15 @@ def default_layer_cache() -> LayerCache:
 
 def export_layout(engine, image: str, out_dir: Path, *, epoch: int = REPRO_EPOCH,
                   ref_name: str | None = None, cache: LayerCache | None | bool = True,
-                  build_cache: bool = False) -> LayoutResult:
+                  build_cache: bool = False, compression: str | Compression = DEFAULT) -> LayoutResult:
     """Write `image` from the engine as a deterministic OCI layout at out_dir (replaced atomically).
 
     cache: True for the user's layer cache, a LayerCache, or None/False for none.
-    build_cache: keep BuildKit's inline cache metadata (for the image pushed as a build cache)."""
+    build_cache: keep BuildKit's inline cache metadata (for the image pushed as a build cache).
+    compression: gzip (default) or zstd layers (compression.py)."""
     started = time.monotonic()
+    compression = compression_named(compression)
+    check_available(compression)
     if engine.inspect(image) is None:
         raise ImagebuildError(f"no image {image!r} in the {engine.name} engine")
     out_dir = Path(out_dir)
@@ -272,12 +279,12 @@ def export_layout(engine, image: str, out_dir: Path, *, epoch: int = REPRO_EPOCH
 
         def normalize(name: str, stream: IO[bytes]) -> LayerBlob:
             with spilled(stream, spill) as (raw, key):
-                found = cache.get(key, epoch, blob_dir) if cache else None
+                found = cache.get(key, epoch, blob_dir, compression) if cache else None
                 if found is not None:
                     return found
-                layer = normalize_layer(raw, blob_dir, epoch=epoch)
+                layer = normalize_layer(raw, blob_dir, epoch=epoch, compression=compression)
                 if cache:
-                    cache.put(key, epoch, layer, blob_dir)
+                    cache.put(key, epoch, layer, blob_dir, compression)
                 return layer
 
         with saved_image(engine, image) as stream:

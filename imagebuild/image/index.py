@@ -107,7 +107,7 @@ def shared_ref_name(images: dict[str, Platform]) -> str:
 
 def export_index(engine, images: list[str], out_dir: Path, *, ref_name: str | None = None,
                  epoch: int = REPRO_EPOCH, cache: LayerCache | None | bool = True,
-                 sbom_for: SbomFor | None = None) -> IndexLayout:
+                 sbom_for: SbomFor | None = None, compression: str = "gzip") -> IndexLayout:
     """Write one image per platform as one OCI layout under an image index (out_dir replaced
     atomically; nothing is written when two images share a platform)."""
     started = time.monotonic()
@@ -119,7 +119,8 @@ def export_index(engine, images: list[str], out_dir: Path, *, ref_name: str | No
         parts = staging / ".parts"
         for n, (image, platform) in enumerate(sorted(platforms.items(), key=lambda item: item[1])):
             part = parts / str(n)
-            result = export_layout(engine, image, part, epoch=epoch, ref_name=ref_name, cache=cache)
+            result = export_layout(engine, image, part, epoch=epoch, ref_name=ref_name, cache=cache,
+                                   compression=compression)
             written = read_image(part)
             config = written.config
             saved = Platform(config["os"], config["architecture"], config.get("variant", ""))

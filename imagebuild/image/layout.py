@@ -16,12 +16,12 @@ both read. A layout is outside input: anything off is one LayoutError naming the
 from __future__ import annotations
 
 import contextlib
-import gzip
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from imagebuild.image.compression import GZIP, ZSTD, decompressed
 from imagebuild.image.oci import (INDEX_TYPES, MANIFEST_TYPES, MEDIA_MANIFEST, REF_NAME, Descriptor, LayoutError,
                                   Platform, blob_path, is_digest, load_json, parse_image_index, parse_index,
                                   parse_manifest, read_blob)
@@ -218,7 +218,10 @@ def layer_stream(layout: ImageLayout, desc: Descriptor) -> Iterator[IO[bytes]]:
     """A layer blob of a layout as an uncompressed tar stream."""
     with open(layout.blob(desc.digest), "rb") as handle:
         if desc.media_type.endswith(("+gzip", ".tar.gzip")):  # OCI's and Docker's names for it
-            with gzip.GzipFile(fileobj=handle, mode="rb") as plain:
+            with decompressed(handle, GZIP, str(layout.blob(desc.digest))) as plain:
+                yield plain
+        elif desc.media_type.endswith("+zstd"):
+            with decompressed(handle, ZSTD, str(layout.blob(desc.digest))) as plain:
                 yield plain
         else:
             yield handle

@@ -59,11 +59,11 @@ def parse_reference(text: str) -> Reference:
 # ---------------------------------------------------------------- an engine image
 
 def export_engine_image(engine, image: str, out_dir: Path, progress: Progress = quiet, *,
-                        build_cache: bool = False) -> str:
-    """Write an engine image as an OCI layout (SOURCE_DATE_EPOCH, if set, clamps its times);
-    returns the writer's name for the report. build_cache keeps BuildKit's cache metadata."""
+                        build_cache: bool = False, compression: str = "gzip") -> str:
+    """Write an engine image as an OCI layout (SOURCE_DATE_EPOCH, if set, clamps its times; gzip or
+    zstd layers); returns the writer's name for the report. build_cache keeps BuildKit's cache metadata."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
-    progress(f"writing {image} as an OCI layout (imagebuild.image.oci)")
-    export.export_layout(engine, image, out_dir, build_cache=build_cache,
+    progress(f"writing {image} as an OCI layout with {compression} layers (imagebuild.image.oci)")
+    export.export_layout(engine, image, out_dir, build_cache=build_cache, compression=compression,
                          **({"epoch": int(epoch)} if epoch.isdigit() else {}))
     return "imagebuild.oci"

@@ -307,12 +307,12 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
 
 
 def push_engine_image(engine, image: str, reference: str | Reference, *, ca_cert: str | Path | None = None,
-                      insecure_http: bool = False, build_cache: bool = False,
+                      insecure_http: bool = False, build_cache: bool = False, compression: str = "gzip",
                       progress: Progress = quiet) -> PushReport:
-    """An engine image written as an OCI layout in a temp folder, then pushed (build_cache: with
-    BuildKit's cache metadata kept, for the image pushed as a build cache)."""
+    """An engine image written as an OCI layout in a temp folder (gzip or zstd layers), then pushed
+    (build_cache: with BuildKit's cache metadata kept, for the image pushed as a build cache)."""
     with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:
         layout = Path(tmp) / "layout"
-        export_engine_image(engine, image, layout, progress, build_cache=build_cache)
+        export_engine_image(engine, image, layout, progress, build_cache=build_cache, compression=compression)
         progress(f"pushing {image} to {reference}")
         return push(layout, reference, ca_cert=ca_cert, insecure_http=insecure_http, progress=progress)

@@ -132,6 +132,14 @@ def test_push_of_an_image_built_from_a_lock_also_pushes_its_lock_tag_and_a_deriv
         pushed = json.loads(capsys.readouterr().out)
         assert pushed["lock_tag"] == lock_tag(lock.sha256)
         assert find_by_lock(target, lock.sha256) == pushed["digest"]
+        # zstd layers: another manifest for the same lock, under its own lock tag; the gzip one stays put.
+        assert cli_main(["push", ref, f"{repository}:{os.getpid()}-zstd", "--insecure-http", "--compression", "zstd",
+                         "--json"]) == 0
+        zstd = json.loads(capsys.readouterr().out)
+        assert zstd["lock_tag"] == lock_tag(lock.sha256, "zstd") and zstd["digest"] != pushed["digest"]
+        assert find_by_lock(RegistryTarget(repository, insecure_http=True, compression="zstd"), lock.sha256) == \
+            zstd["digest"]
+        assert find_by_lock(target, lock.sha256) == pushed["digest"]
     finally:
         engine.remove(derived)
         engine.remove(built.image)
@@ -139,3 +147,8 @@ def test_push_of_an_image_built_from_a_lock_also_pushes_its_lock_tag_and_a_deriv
     status = cli_main(["build", str(RECIPE), "--tag", ref, "--registry", repository, "--insecure-http", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert status == 0 and report["reused"] is True and report["registry"]["digest"] == pushed["digest"]
+    status = cli_main(["build", str(RECIPE), "--tag", ref, "--registry", repository, "--insecure-http",
+                       "--compression", "zstd", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0 and report["reused"] is True and report["registry"]["digest"] == zstd["digest"]
+    assert report["registry"]["lock_reference"] == f"{repository}:{lock_tag(lock.sha256, 'zstd')}"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from imagebuild.flows.kernel_layer import KernelLayer, STEP_MARK, find_kernel_layer, lay_out, read_kernel_layer
+from tests.conftest import cannot_run
 from tests.json_fuzz import json_values, replace_one_field
 from tests.registry_server import start_registry
 
@@ -89,6 +92,22 @@ def test_a_layer_is_laid_out_as_cache_entries(tmp_path):
     assert json.loads((entry / "entry.json").read_text())["sha256"] == hashlib.sha256(MODULE).hexdigest()
     assert (tmp_path / "out" / "sglang" / NAMESPACE / "sm120" / "rope" / "deps-1" / "rope.so").is_file()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["flashinfer", "sglang"]
+
+
+def test_a_zstd_kernel_layer_is_laid_out_too_and_a_damaged_one_says_why(tmp_path):
+    """An [aot] image pushed with --compression zstd: its kernel layer is read as the gzip one is."""
+    if shutil.which("zstd") is None:
+        cannot_run("needs the zstd command", "apt-get install zstd (scripts/host.sh installs it)")
+    plain = layer({"opt/imagebuild/kernels.json": kernel_manifest(),
+                   "opt/venv/flashinfer/data/aot/batch_prefill_x/batch_prefill_x.so": MODULE})
+    blob = subprocess.run(["zstd", "-q", "-c"], input=plain, capture_output=True, check=True).stdout
+    result = lay_out(blob, tmp_path / "out", MANIFEST, KernelLayer("registry/x:y"))
+    assert (result.flashinfer, result.refused, result.why) == (1, [], None)
+    assert (tmp_path / "out" / "flashinfer" / KEY / "batch_prefill_x.so").read_bytes() == MODULE
+    damaged = blob[:len(blob) // 2] + bytes([blob[len(blob) // 2] ^ 0xFF]) + blob[len(blob) // 2 + 1:]
+    result = lay_out(damaged, tmp_path / "bad", MANIFEST, KernelLayer("registry/x:y"))
+    assert result.flashinfer == 0 and "a zstd blob that does not decompress" in result.why
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.parametrize("namespace", [None, "../../etc", "ABC", 7])
