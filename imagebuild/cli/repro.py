@@ -1,4 +1,5 @@
-"""The reproducibility commands: export-oci, verify, diff, sbom (registered through cli.EXTENSIONS).
+"""The reproducibility commands: export-oci, verify, diff, sbom (registered through cli.EXTENSIONS), each a
+handler over one flow of imagebuild.flows.repro.
 
 Each handler is fn(args, out, err) -> exit code: 0 ok, 1 a mismatch or a difference; errors raise
 ImagebuildError and the CLI maps them to their exit codes.
@@ -13,13 +14,9 @@ from rich.console import Console
 from imagebuild.cli.options import compression_option, engine_option
 from imagebuild.cli.output import line
 from imagebuild.engine import default_engine
-from imagebuild.errors import EXIT_FAILED, EXIT_OK, ImagebuildError
-from imagebuild.image import export, index, oci, sbom, verify
-from imagebuild.image.layout import read_image
-from imagebuild.lock import Lock, parse_lock, read_lock
+from imagebuild.errors import EXIT_FAILED, EXIT_OK
+from imagebuild.flows import repro
 from imagebuild.render import paths
-
-IMAGE_LOCK = paths.member(paths.LOCK)  # the lock every image carries
 
 
 def add_commands(command) -> None:
@@ -62,105 +59,36 @@ def add_commands(command) -> None:
     cmd.set_defaults(handler=sbom_command)
 
 
-def image_lock(engine, image: str, explicit: Path | None) -> Lock:
-    """--lock when given, else the lock.json the image carries."""
-    if explicit:
-        return read_lock(explicit)
-    if verify.is_layout(image):
-        data = verify.layout_file(Path(image.removeprefix("oci:")), IMAGE_LOCK)
-    else:
-        data = verify.image_files(engine, image, keep=lambda path: path == IMAGE_LOCK).contents.get(IMAGE_LOCK)
-    if data is None:
-        raise ImagebuildError(f"{image} carries no /{IMAGE_LOCK}: pass --lock LOCK")
-    return parse_lock(data.decode("utf-8", "replace"), f"{image}:/{IMAGE_LOCK}")
-
-
-def image_kernels(engine, image: str) -> list[dict]:
-    """The prebuilt kernels an image's manifest lists ([aot]); [] for an image without one."""
-    if verify.is_layout(image):
-        data = verify.layout_file(Path(image.removeprefix("oci:")), sbom.KERNEL_MANIFEST)
-    else:
-        data = verify.image_files(engine, image, keep=lambda path: path == sbom.KERNEL_MANIFEST
-                                  ).contents.get(sbom.KERNEL_MANIFEST)
-    return [] if data is None else sbom.parse_kernel_manifest(data, f"{image}:/{sbom.KERNEL_MANIFEST}")
-
-
-def _name_and_tag(labels: dict, image: str) -> tuple[str, str | None]:
-    name = labels.get("org.opencontainers.image.title")
-    if name:
-        return name, labels.get("org.opencontainers.image.version")
-    base, sep, tag = image.rpartition(":")
-    return (base, tag) if sep and "/" not in tag else (image, None)
-
-
-def sbom_path_for(layout: Path) -> Path:
-    """Beside the layout folder: out/NAME -> out/NAME.cdx.json."""
-    return layout.parent / f"{layout.name}.cdx.json"
-
-
-def layout_sbom(engine, layout_dir: Path, image: str, explicit_lock: Path | None,
-                manifest_digest: str) -> dict:
-    """The SBOM of the one image in a layout just exported from `image`."""
-    layout = read_image(layout_dir)
-    lock = image_lock(engine, f"oci:{layout_dir}", explicit_lock)
-    name, tag = _name_and_tag(verify.ImageFiles(layout.config, {}, {}).labels, image)
-    return sbom.build_sbom(lock, image_name=name, image_tag=tag, manifest_digest=manifest_digest,
-                           kernels=image_kernels(engine, f"oci:{layout_dir}"))
-
-
 def export_command(args, out: Console, err: Console) -> int:
     engine = default_engine(args.engine)
-    if len(args.image) > 1:
-        return export_index_command(engine, args, out, err)
-    image = args.image[0]
-    with err.status(line("exporting ", image)):
-        result = export.export_layout(engine, image, args.out, ref_name=args.ref_name,
-                                      compression=args.compression)
-    report = result.to_dict()
-    if not args.no_sbom:
-        document = layout_sbom(engine, args.out, image, args.lock, result.manifest_digest)
-        path = sbom.write_sbom(document, sbom_path_for(Path(args.out)))
-        attached = sbom.attach_sbom(args.out, document)
-        report["sbom"] = {"file": str(path), "artifact_digest": attached.digest}
+    with err.status(line("exporting ", " ".join(args.image))):
+        report = repro.export_oci(engine, args.image, args.out, lock=args.lock, ref_name=args.ref_name,
+                                  with_sbom=not args.no_sbom, compression=args.compression)
     if args.json:
-        out.print_json(data=report)
+        out.print_json(data=report.to_dict())
+    elif isinstance(report, repro.IndexExportReport):
+        print_index_export(out, report, args.out)
     else:
-        out.print(line(("exported", "green"), " ", image, " -> ", str(args.out), "  manifest ",
+        result = report.layout
+        out.print(line(("exported", "green"), " ", args.image[0], " -> ", str(args.out), "  manifest ",
                        result.manifest_digest, f"  ({len(result.layers)} layers, {result.seconds:.1f} s)"))
-        if "sbom" in report:
-            out.print(line("  SBOM ", report["sbom"]["file"], " (attached as ", report["sbom"]["artifact_digest"], ")"))
+        if report.sbom_file is not None:
+            out.print(line("  SBOM ", report.sbom_file, " (attached as ", report.sbom_artifact, ")"))
     return EXIT_OK
 
 
-def export_index_command(engine, args, out: Console, err: Console) -> int:
-    """Several images, one per platform: one layout under an image index, an SBOM per platform."""
-    if args.lock:
-        raise ImagebuildError("--lock names one image's lock: with several images each image's own "
-                              f"/{IMAGE_LOCK} is used (export them one at a time to give locks)")
-    sbom_for = None if args.no_sbom else (
-        lambda part, image, result: layout_sbom(engine, part, image, None, result.manifest_digest))
-    with err.status(line("exporting ", " ".join(args.image))):
-        result = index.export_index(engine, args.image, args.out, ref_name=args.ref_name, sbom_for=sbom_for,
-                                    compression=args.compression)
-    report = result.to_dict()
-    for entry, item in zip(report["platforms"], result.platforms):
-        if item.sbom_document is not None:
-            path = Path(args.out).parent / f"{Path(args.out).name}.{item.platform.slug}.cdx.json"
-            entry["sbom_file"] = str(sbom.write_sbom(item.sbom_document, path))
-    if args.json:
-        out.print_json(data=report)
-        return EXIT_OK
-    out.print(line(("exported", "green"), f" {len(result.platforms)} platforms -> ", str(args.out),
+def print_index_export(out: Console, report, layout: Path) -> None:
+    result = report.layout
+    out.print(line(("exported", "green"), f" {len(result.platforms)} platforms -> ", str(layout),
                    "  index ", result.index.digest, f"  ({result.seconds:.1f} s)"))
-    for entry in report["platforms"]:
+    for entry in report.to_dict()["platforms"]:
         out.print(line("  ", entry["platform"], " ", entry["image"], "  manifest ", entry["manifest_digest"],
                        *(("  SBOM ", entry["sbom_file"]) if "sbom_file" in entry else ())))
-    return EXIT_OK
 
 
 def verify_command(args, out: Console, err: Console) -> int:
     with err.status(line("verifying ", args.image)):
-        report = verify.verify_image(default_engine(args.engine), args.image, args.lock)
+        report = repro.verify_image(default_engine(args.engine), args.image, args.lock)
     if args.json:
         out.print_json(data=report.to_dict())
     else:
@@ -178,8 +106,7 @@ def verify_command(args, out: Console, err: Console) -> int:
 
 def diff_command(args, out: Console, err: Console) -> int:
     with err.status(line("comparing ", args.a, " and ", args.b)):
-        report = verify.diff_images(default_engine(args.engine), args.a, args.b,
-                                    epoch=None if args.raw else oci.REPRO_EPOCH, limit=args.limit)
+        report = repro.diff_images(default_engine(args.engine), args.a, args.b, raw=args.raw, limit=args.limit)
     if args.json:
         out.print_json(data=report.to_dict())
         return EXIT_OK if report.same else EXIT_FAILED
@@ -196,26 +123,11 @@ def diff_command(args, out: Console, err: Console) -> int:
 def sbom_command(args, out: Console, err: Console) -> int:
     engine = default_engine(args.engine)
     with err.status(line("reading ", args.image)):
-        lock = image_lock(engine, args.image, args.lock)
-        layout_dir = Path(args.image.removeprefix("oci:")) if verify.is_layout(args.image) else None
-        digest = None
-        if layout_dir is not None:
-            layout = read_image(layout_dir)
-            digest, labels = layout.manifest_digest, verify.ImageFiles(layout.config, {}, {}).labels
-        else:
-            info = engine.inspect(args.image)
-            if info is None:
-                raise ImagebuildError(f"no image {args.image!r} in the {engine.name} engine")
-            labels = info.labels
-        name, tag = _name_and_tag(labels, args.image)
-        document = sbom.build_sbom(lock, image_name=name, image_tag=tag, manifest_digest=digest,
-                                   kernels=image_kernels(engine, args.image))
-        path = sbom.write_sbom(document, args.out)
-        attached = sbom.attach_sbom(layout_dir, document) if layout_dir is not None else None
+        report = repro.image_sbom(engine, args.image, args.out, lock=args.lock)
     if args.json:
-        out.print_json(data={"sbom": str(path), "components": len(document["components"]),
-                             "attached": attached.digest if attached else None})
+        out.print_json(data=report.to_dict())
     else:
-        out.print(line("SBOM written to ", str(path), f" ({len(document['components'])} components",
-                       *(("; attached to ", str(layout_dir), " as ", attached.digest, ")") if attached else (")",))))
+        out.print(line("SBOM written to ", str(report.path), f" ({report.components} components",
+                       *(("; attached to ", str(report.layout), " as ", report.attached, ")") if report.attached
+                         else (")",))))
     return EXIT_OK

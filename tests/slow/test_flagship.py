@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild import flows
-from imagebuild.cli.repro import image_kernels
+from imagebuild.flows.repro import image_kernels
 from imagebuild.image.sbom import build_sbom
 from imagebuild.image.verify import verify_image
 from imagebuild.lock import read_lock
