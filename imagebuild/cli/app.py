@@ -32,8 +32,6 @@ EXTENSIONS: tuple[str, ...] = ("imagebuild.cli.publish", "imagebuild.cli.lxc", "
                                "imagebuild.cli.doctor", "imagebuild.cli.cache", "imagebuild.cli.lockdiff",
                                "imagebuild.cli.adopt")
 
-CORE_COMMANDS = ("check", "lock", "render", "build", "smoke", "patches")
-
 
 def registry_ref(text: str) -> str:
     """--cache-from/--cache-to HOST[:PORT]/REPO[:TAG]: a registry host is never guessed."""
@@ -85,6 +83,8 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_, description=help_, epilog=epilog(name),
                              formatter_class=HelpFormatter)
         cmd.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+        if name in CORE_COMMANDS:
+            cmd.set_defaults(handler=CORE_COMMANDS[name])
         return cmd
 
     cmd = command("check", "validate a recipe and print compatibility findings (no build); with its lock, "
@@ -164,117 +164,147 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    if getattr(args, "handler", None):
-        return args.handler(args, out, err)
-    progress = JsonProgress(err.file) if getattr(args, "json", False) else Progress(err)
-    if args.command == "check":
-        with progress.spinning("checking"):
-            report = flows.check(args.recipe, lock_path=args.lock, progress=progress)
-        if args.json:
-            out.print_json(data=report.to_dict())
-        else:
-            print_findings(out, report.findings)
-            out.print(line(report.recipe, f": {'ok' if report.ok else 'errors found'} "
-                                          f"({len(report.findings)} finding(s))"))
-        return EXIT_OK if report.ok else EXIT_FAILED
+    return args.handler(args, out, err)
 
-    if args.command == "lock" and args.upgrade_package:
-        if args.upgrade_base:
-            raise ImagebuildError("--upgrade-package and --upgrade-base: move the pins and the base in two locks, "
-                                  "so each diff says what one move did")
-        if args.upgrade:
-            raise ImagebuildError("--upgrade-package and --upgrade: --upgrade already moves every package; "
-                                  "give one of them")
-        with progress.spinning("moving pins"):
-            report, diff, moved = flows.upgrade_packages(args.recipe, args.upgrade_package, lock_path=args.lock,
-                                                             progress=progress)
-        if args.json:
-            out.print_json(data={**report.to_dict(), "upgraded": moved, "diff": diff.to_dict() if diff else None})
-            return EXIT_OK
-        from imagebuild.cli.lockdiff import print_diff
+
+def progress_for(args: argparse.Namespace, err: Console):
+    """Progress on stderr: a spinner for people, JSON lines beside --json."""
+    return JsonProgress(err.file) if args.json else Progress(err)
+
+
+def check_command(args: argparse.Namespace, out: Console, err: Console) -> int:
+    progress = progress_for(args, err)
+    with progress.spinning("checking"):
+        report = flows.check(args.recipe, lock_path=args.lock, progress=progress)
+    if args.json:
+        out.print_json(data=report.to_dict())
+    else:
         print_findings(out, report.findings)
-        for pin in moved:
-            out.print(line(report.recipe, f": {pin['name']} {pin['old'] or '(not locked)'} -> {pin['new']}"))
-        if diff is not None:
-            print_diff(out, diff)
+        out.print(line(report.recipe, f": {'ok' if report.ok else 'errors found'} "
+                                      f"({len(report.findings)} finding(s))"))
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def lock_command(args: argparse.Namespace, out: Console, err: Console) -> int:
+    if args.upgrade_package:
+        return upgrade_package_command(args, out, err)
+    progress = progress_for(args, err)
+    with progress.spinning("locking"):
+        report = flows.lock(args.recipe, lock_path=args.lock, upgrade_base=args.upgrade_base,
+                            upgrade=args.upgrade, progress=progress)
+    if args.json:
+        out.print_json(data=report.to_dict())
+    else:
+        print_findings(out, report.findings)
+        print_base_moves(out, report.base_moves, asked=args.upgrade_base)
+        print_package_moves(out, report.package_moves, asked=args.upgrade)
+        for name, entry in (report.platforms or {}).items():
+            out.print(line(f"  {name}: {entry['packages']} wheels for ", entry["python_platform"]))
         print_lock_summary(out, report)
+    return EXIT_OK
+
+
+def upgrade_package_command(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """`lock --upgrade-package`: the pins moved in the recipe, relocked, and the lock diff."""
+    if args.upgrade_base:
+        raise ImagebuildError("--upgrade-package and --upgrade-base: move the pins and the base in two locks, "
+                              "so each diff says what one move did")
+    if args.upgrade:
+        raise ImagebuildError("--upgrade-package and --upgrade: --upgrade already moves every package; "
+                              "give one of them")
+    progress = progress_for(args, err)
+    with progress.spinning("moving pins"):
+        report, diff, moved = flows.upgrade_packages(args.recipe, args.upgrade_package, lock_path=args.lock,
+                                                     progress=progress)
+    if args.json:
+        out.print_json(data={**report.to_dict(), "upgraded": moved, "diff": diff.to_dict() if diff else None})
         return EXIT_OK
+    from imagebuild.cli.lockdiff import print_diff
+    print_findings(out, report.findings)
+    for pin in moved:
+        out.print(line(report.recipe, f": {pin['name']} {pin['old'] or '(not locked)'} -> {pin['new']}"))
+    if diff is not None:
+        print_diff(out, diff)
+    print_lock_summary(out, report)
+    return EXIT_OK
 
-    if args.command == "lock":
-        with progress.spinning("locking"):
-            report = flows.lock(args.recipe, lock_path=args.lock, upgrade_base=args.upgrade_base,
-                                    upgrade=args.upgrade, progress=progress)
-        if args.json:
-            out.print_json(data=report.to_dict())
-        else:
-            print_findings(out, report.findings)
-            print_base_moves(out, report.base_moves, asked=args.upgrade_base)
-            print_package_moves(out, report.package_moves, asked=args.upgrade)
-            for name, entry in (report.platforms or {}).items():
-                out.print(line(f"  {name}: {entry['packages']} wheels for ", entry["python_platform"]))
-            print_lock_summary(out, report)
-        return EXIT_OK
 
-    if args.command == "render":
-        with progress.spinning("rendering"):
-            path = flows.render(args.recipe, args.out, lock_path=args.lock, relock=args.relock,
-                                   platform=args.platform, progress=progress)
-        if args.json:
-            out.print_json(data={"context": str(path), "dockerfile": str(path / "Dockerfile")})
-        else:
-            out.print(line("build context written to ", str(path), " (Dockerfile: ", str(path / "Dockerfile"), ")"))
-        return EXIT_OK
+def render_command(args: argparse.Namespace, out: Console, err: Console) -> int:
+    progress = progress_for(args, err)
+    with progress.spinning("rendering"):
+        path = flows.render(args.recipe, args.out, lock_path=args.lock, relock=args.relock,
+                            platform=args.platform, progress=progress)
+    if args.json:
+        out.print_json(data={"context": str(path), "dockerfile": str(path / "Dockerfile")})
+    else:
+        out.print(line("build context written to ", str(path), " (Dockerfile: ", str(path / "Dockerfile"), ")"))
+    return EXIT_OK
 
-    if args.command == "patches":
-        from imagebuild.lock.patches import check_patches, parse_pins
-        with progress.spinning("downloading the releases to check"):
-            results = check_patches(args.recipe, versions=parse_pins(args.version), latest=args.latest)
-        if args.json:
-            out.print_json(data={"ok": all(r.applies for r in results),
-                                 "patches": [r.to_dict() for r in results]})
-        else:
-            print_patch_results(out, results)
-        return EXIT_OK if all(r.applies for r in results) else EXIT_FAILED
 
+def patches_command(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from imagebuild.flows.patches import parse_pins, patches
+    progress = progress_for(args, err)
+    with progress.spinning("downloading the releases to check"):
+        report = patches(args.recipe, versions=parse_pins(args.version), latest=args.latest)
+    if args.json:
+        out.print_json(data=report.to_dict())
+    else:
+        print_patch_results(out, report.results)
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def build_options(args: argparse.Namespace, progress) -> flows.BuildOptions:
+    """build's flags as the build flow's one options value."""
+    registry = RegistryTarget(args.registry, args.registry_ca_cert, args.insecure_http,
+                              args.compression) if args.registry else None
+    cache = BuildCache(tuple(args.cache_from), args.cache_to, args.registry_ca_cert, args.insecure_http) \
+        if args.cache_from or args.cache_to else None
+    return flows.BuildOptions(lock_path=args.lock, relock=args.relock, run_smoke=not args.no_smoke,
+                              ca=args.ca_bundle, keep_failed=args.keep_failed, gpus=gpus_chosen(args),
+                              accept_unknown=args.accept_unknown, tag=args.tag, rebuild=args.rebuild,
+                              registry=registry, cache=cache, progress=progress)
+
+
+def build_command(args: argparse.Namespace, out: Console, err: Console) -> int:
     from imagebuild.engine import default_engine
+    progress = progress_for(args, err)
     engine = default_engine(args.engine)
-    if args.command == "build":
-        registry = RegistryTarget(args.registry, args.registry_ca_cert, args.insecure_http,
-                                  args.compression) if args.registry else None
-        cache = BuildCache(tuple(args.cache_from), args.cache_to, args.registry_ca_cert, args.insecure_http) \
-            if args.cache_from or args.cache_to else None
-        with progress.spinning("building"):
-            report = flows.build(args.recipe, engine, flows.BuildOptions(lock_path=args.lock, relock=args.relock,
-                                     run_smoke=not args.no_smoke, ca=args.ca_bundle,
-                                     keep_failed=args.keep_failed, gpus=gpus_chosen(args),
-                                     accept_unknown=args.accept_unknown,
-                                     tag=args.tag, rebuild=args.rebuild, registry=registry, cache=cache,
-                                     progress=progress))
-        if args.json:
-            out.print_json(data=report.to_dict())
-        elif isinstance(report, flows.PlatformsBuildReport):
-            print_findings(out, report.findings)
-            for arch, one in report.platforms.items():
-                out.print(line((f"linux/{arch}", "bold")))
-                print_build(out, one)
-            if report.native:
-                out.print(line("tagged ", report.image, f" (linux/{report.native}, this machine's platform)"))
-        else:
-            print_findings(out, report.findings)
-            print_build(out, report)
-        return EXIT_OK
+    options = build_options(args, progress)
+    with progress.spinning("building"):
+        report = flows.build(args.recipe, engine, options)
+    if args.json:
+        out.print_json(data=report.to_dict())
+    elif isinstance(report, flows.PlatformsBuildReport):
+        print_findings(out, report.findings)
+        for arch, one in report.platforms.items():
+            out.print(line((f"linux/{arch}", "bold")))
+            print_build(out, one)
+        if report.native:
+            out.print(line("tagged ", report.image, f" (linux/{report.native}, this machine's platform)"))
+    else:
+        print_findings(out, report.findings)
+        print_build(out, report)
+    return EXIT_OK
 
-    if args.command == "smoke":
-        with progress.spinning("smoke test"):
-            report = flows.smoke(args.image, engine, gpus=gpus_chosen(args),
-                                    progress=progress)
-        if args.json:
-            out.print_json(data=report.to_dict())
-        else:
-            print_smoke(out, report.report)
-            out.print(line(args.image, f": smoke {'passed' if report.ok else 'FAILED'}"))
-        return EXIT_OK if report.ok else EXIT_FAILED
-    raise AssertionError(args.command)
+
+def smoke_command(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from imagebuild.engine import default_engine
+    progress = progress_for(args, err)
+    engine = default_engine(args.engine)
+    with progress.spinning("smoke test"):
+        report = flows.smoke(args.image, engine, gpus=gpus_chosen(args), progress=progress)
+    if args.json:
+        out.print_json(data=report.to_dict())
+    else:
+        print_smoke(out, report.report)
+        out.print(line(args.image, f": smoke {'passed' if report.ok else 'FAILED'}"))
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+# The core commands, each a handler fn(args, out, err) -> exit code over one flow; the command groups
+# in EXTENSIONS set theirs in add_commands.
+CORE_COMMANDS = {"check": check_command, "lock": lock_command, "render": render_command, "build": build_command,
+                 "smoke": smoke_command, "patches": patches_command}
 
 
 def print_lock_summary(out, report) -> None:
