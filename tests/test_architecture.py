@@ -35,7 +35,6 @@ ALLOWED = {
     "knowledge.rules": LOW | {"knowledge", "recipe"},
     "engine": LOW,
     "base": LOW,
-    "caches": LOW | {"render"},
     "bootstrap": LOW | {"base", "engine", "recipe"},
     "lock": LOW | {"base", "knowledge", "payload", "recipe"},
     "render": LOW | {"lock", "payload", "recipe"},
@@ -45,7 +44,7 @@ ALLOWED = {
     "flows": LOW | {"base", "bootstrap", "engine", "image", "knowledge", "knowledge.rules", "lock", "payload", "recipe",
                     "registry", "render"},
     "adopt": LOW | {"base", "engine", "knowledge", "knowledge.rules", "lock", "payload", "recipe"},
-    "cli": LOW | {"adopt", "base", "bootstrap", "caches", "engine", "flows", "image", "knowledge", "knowledge.rules", "lock",
+    "cli": LOW | {"adopt", "base", "bootstrap", "engine", "flows", "image", "knowledge", "knowledge.rules", "lock",
                   "lxc", "payload", "recipe", "registry", "render"},
 }
 # A module or package that is a stage of its own although it sits inside another stage's package.

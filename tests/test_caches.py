@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild import caches
+from imagebuild.flows import caches
 from imagebuild.cli.app import main as cli_main
 from imagebuild.engine.docker import DockerEngine, docker_size
 from imagebuild.render.paths import OWN_STEP
@@ -51,6 +51,22 @@ def test_the_command_reports_json_and_trims(tmp_path, monkeypatch, capsys):
     assert report["total_bytes"] == 2048 and report["buildkit_mounts"] == []
     assert cli_main(["cache", "--no-engine", "--trim", "1k", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["total_bytes"] == 0 and not (tmp_path / "contexts" / "r").exists()
+
+
+
+def test_an_engine_that_does_not_answer_is_left_out_and_said_so(tmp_path, monkeypatch, capsys):
+    """The cache flow asks the engine first: one at a socket nobody serves counts no mounts, the report says
+    so, and the command still answers (exit 0); --no-engine asks none and says nothing."""
+    monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'nobody.sock'}")
+    _entry(tmp_path / "debs" / "a.deb", 1000, 100)
+    report = caches.kept(None, DockerEngine())
+    assert report.engine_silent and report.mounts == [] and report.total == 1000
+    assert not caches.kept(None, None).engine_silent  # none asked: nothing to say
+    assert cli_main(["cache"]) == 0
+    assert "no Docker engine answered" in capsys.readouterr().out
+    assert cli_main(["cache", "--no-engine"]) == 0
+    assert "no Docker engine answered" not in capsys.readouterr().out
 
 
 @given(st.text(max_size=20))

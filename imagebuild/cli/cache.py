@@ -1,5 +1,5 @@
 """`imagebuild cache`: what imagebuild keeps (its cache folders and the BuildKit cache mounts its
-builds fill), and `--trim SIZE` to bring it under a bound."""
+builds fill), and `--trim SIZE` to bring it under a bound. A thin layer over imagebuild.flows.caches."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rich.console import Console
 
 from imagebuild.cli.output import line
 from imagebuild.cli.publish import byte_size
-from imagebuild.errors import EXIT_OK, ImagebuildError
+from imagebuild.errors import EXIT_OK
 
 
 def add_commands(command) -> None:
@@ -22,16 +22,12 @@ def add_commands(command) -> None:
 
 
 def run_cache(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from imagebuild import caches
+    from imagebuild.flows import caches
     engine = None
     if not args.no_engine:
         from imagebuild.engine import default_engine
         engine = default_engine()
-        try:
-            engine.check()
-        except ImagebuildError:
-            engine = None  # no engine answering: its mounts are not counted, and said so below
-    report = caches.trim(args.trim, engine) if args.trim else caches.usage(engine)
+    report = caches.kept(args.trim, engine)
     if args.json:
         out.print_json(data=report.to_dict())
         return EXIT_OK
@@ -42,7 +38,7 @@ def run_cache(args: argparse.Namespace, out: Console, err: Console) -> int:
     for mount in report.mounts:
         out.print(line(f"{mount['bytes'] / 1e6:>10.1f} MB  BuildKit cache mount ", mount["id"],
                        ("  " + mount["description"][:80], "dim")))
-    if engine is None and not args.no_engine:
+    if report.engine_silent:
         out.print(line(("no Docker engine answered: its BuildKit cache mounts are not counted", "yellow")))
     limit = f" (limit {report.limit / 1e9:.1f} GB)" if report.limit else ""
     out.print(line(f"imagebuild keeps {report.total / 1e9:.2f} GB{limit} under ", report.root))

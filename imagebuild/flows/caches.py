@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from imagebuild.common import cache_dir
+from imagebuild.errors import ImagebuildError
 from imagebuild.render.paths import OWN_STEP
 
 # folder -> what it holds (what a trim costs the next build)
@@ -48,6 +49,7 @@ class CacheReport:
     folders: list[Usage] = field(default_factory=list)
     mounts: list[dict] = field(default_factory=list)  # the engine's BuildKit cache mounts imagebuild fills
     limit: int | None = None
+    engine_silent: bool = False  # an engine was asked and did not answer: its mounts are not counted
 
     @property
     def total(self) -> int:
@@ -123,4 +125,18 @@ def trim(limit: int, engine=None) -> CacheReport:
             mount["trimmed"] = True
             over -= mount["bytes"]
         report.mounts = [m for m in report.mounts if not m.get("trimmed")]
+    return report
+
+
+def kept(limit: int | None = None, engine=None) -> CacheReport:
+    """`imagebuild cache`: what imagebuild keeps, trimmed to at most `limit` bytes when given. An engine
+    that does not answer is left out (its mounts are not counted) and the report says so."""
+    silent = False
+    if engine is not None:
+        try:
+            engine.check()
+        except ImagebuildError:
+            engine, silent = None, True
+    report = trim(limit, engine) if limit else usage(engine)
+    report.engine_silent = silent
     return report
