@@ -1,6 +1,7 @@
 """The `imagebuild` command: argument parsing, printing and exit codes over the stages' library API.
 
-    app.py      the parser, the core commands (check, lock, render, build, smoke, patches), main()
+    app.py      the parser, a handler per core command over its flow (CORE_COMMANDS: check, lock, render,
+                build, smoke, patches), main()
     cache.py, doctor.py, lockdiff.py, lxc.py, publish.py, repro.py   command groups, each beside the stage it drives
     examples.py the examples at the end of every --help
     options.py  options several commands take (--engine, its choices read from imagebuild.engine)

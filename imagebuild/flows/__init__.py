@@ -12,6 +12,10 @@ case) and returns a report with `to_dict()` for `--json` (reports.py).
                                built.py: what this machine built and pushed for each lock
     smoke(image, engine)       smoke.py: the image's own probe, offline, in a throwaway container
     diagnose(...)              doctor.py: the same probe and the knowledge rules on a host, a venv or an image
+    patches(recipe)            patches.py: each recipe patch against the locked, a named or the newest release
+    export_oci, verify_image, diff_images, image_sbom
+                               repro.py: an image as an OCI layout, against its lock, against another, its SBOM
+    kept(limit, engine)        caches.py: what imagebuild keeps, trimmed to a size
 
 May import every stage below it (base, bootstrap, engine, knowledge, lock, payload, recipe, render,
 registry, image); only cli/ imports it.
