@@ -1,21 +1,18 @@
 """`imagebuild diff-lock OLD NEW`: what moved between two locks (files, or git revisions of one), what a
 build of the new one redoes, and, judged by the recipe, the findings that appeared or cleared and the
-patches that no longer apply. A thin layer over imagebuild.lock.diff and imagebuild.flows.lockdiff."""
+patches that no longer apply. A thin layer over imagebuild.flows.lockdiff."""
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 from pathlib import Path
 
 from rich.console import Console
 
 from imagebuild.cli.output import line
-from imagebuild.errors import EXIT_OK, ImagebuildError, LockError
-from imagebuild.flows.lockdiff import judged_diff
+from imagebuild.errors import EXIT_OK
+from imagebuild.flows.lockdiff import diff_locks
 from imagebuild.lock.diff import LocksDiff
-from imagebuild.lock.lockfile import parse_locks
-from imagebuild.recipe.model import Recipe, load_recipe
 
 
 def add_commands(command) -> None:
@@ -29,51 +26,13 @@ def add_commands(command) -> None:
     cmd.set_defaults(handler=run_diff_lock)
 
 
-def judging_recipe(explicit: Path | None, new_spec: str, stem: str) -> tuple[Recipe | None, str]:
-    """The recipe that judges the two locks, and where it was looked for: --recipe, else recipes/NAME.toml
-    beside the new lock's folder (for REV:PATH, that path in the current folder's tree)."""
-    if explicit is not None:
-        return load_recipe(explicit), str(explicit)
-    spec = new_spec if Path(new_spec).is_file() else new_spec.partition(":")[2] or new_spec
-    candidate = Path(spec).resolve().parent.parent / "recipes" / f"{stem}.toml"
-    return (load_recipe(candidate) if candidate.is_file() else None), str(candidate)
-
-
-def read_text(spec: str) -> str:
-    """A lock file's text: the file, else `git show REV:PATH` in the current folder."""
-    path = Path(spec)
-    if path.is_file():
-        try:
-            return path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise LockError(f"{spec}: cannot be read ({err})") from None
-    rev, sep, name = spec.partition(":")
-    if not sep or not rev or not name:
-        raise ImagebuildError(f"{spec}: no such lock file (a git revision of one is REV:PATH, e.g. HEAD~1:{spec})")
-    try:
-        proc = subprocess.run(["git", "show", f"{rev}:{name}"], capture_output=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise ImagebuildError(f"{spec}: git could not be run ({err})") from None
-    if proc.returncode != 0:
-        said = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise ImagebuildError(f"{spec}: neither a lock file nor a git revision of one "
-                              f"(git: {said[-1] if said else 'exit ' + str(proc.returncode)})")
-    try:
-        return proc.stdout.decode("utf-8")
-    except UnicodeDecodeError:
-        raise LockError(f"{spec}: not UTF-8 text, so not a lock") from None
-
-
 def run_diff_lock(args: argparse.Namespace, out: Console, err: Console) -> int:
-    old = parse_locks(read_text(args.old), args.old)
-    new = parse_locks(read_text(args.new), args.new)
-    recipe, looked = judging_recipe(args.recipe, args.new, new.recipe)
-    report = judged_diff(old, new, args.old, args.new, recipe)
+    report, looked = diff_locks(args.old, args.new, args.recipe)
     if args.json:
         out.print_json(data=report.to_dict())
     else:
         print_diff(out, report)
-        if recipe is None:
+        if report.judged_by is None:
             out.print(line(("  not judged: ", "yellow"), f"no recipe at {looked}, so findings and patches were not "
                                                          "compared; name one with --recipe"))
     return EXIT_OK

@@ -4,6 +4,8 @@ to the recipe's rules and patches, for `diff-lock` and `lock --upgrade-package`.
     judged_diff(old, new, ..., recipe)   LocksDiff whose platforms carry `findings` (appeared, cleared)
                                          and `patches_broken` (a patch whose package moved and that no
                                          longer applies to the new wheel, or whose package left the lock)
+    diff_locks(old, new, recipe)         `diff-lock`: two lock files (or REV:PATH, read with git), the judging
+                                         recipe found beside the new one unless named, then judged_diff
 
 Both locks are judged by the same recipe (today's), so what appears or clears is what the lock move did,
 not what an edit of the rules did. The rules over locked versions are pure (no network); where wheels
@@ -20,17 +22,20 @@ import dataclasses
 import json
 import subprocess
 import tomllib
+from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
 from imagebuild.common import cache_dir
+from imagebuild.errors import ImagebuildError, LockError
 from imagebuild.flows.findings import artifact_findings
 from imagebuild.knowledge import rules
 from imagebuild.lock import Lock, PlatformLocks
 from imagebuild.lock.diff import LocksDiff, diff_lock_files, per_platform
+from imagebuild.lock.lockfile import parse_locks
 from imagebuild.lock.patches import check_against_wheel, locked_wheel
 from imagebuild.lock.resolve import unavailable_package, uv_binary
-from imagebuild.recipe.model import Recipe
+from imagebuild.recipe.model import Recipe, load_recipe
 
 
 def judged_diff(old: Lock | PlatformLocks | dict[str, Lock], new: Lock | PlatformLocks | dict[str, Lock],
@@ -129,3 +134,47 @@ def with_urls(locked: Lock, recipe: Recipe) -> Lock:
         break
     return dataclasses.replace(locked, wheels=tuple(dataclasses.replace(w, url=urls.get(w.sha256, ""))
                                                    for w in locked.wheels))
+
+
+def judging_recipe(explicit: Path | None, new_spec: str, stem: str) -> tuple[Recipe | None, str]:
+    """The recipe that judges the two locks, and where it was looked for: --recipe, else recipes/NAME.toml
+    beside the new lock's folder (for REV:PATH, that path in the current folder's tree)."""
+    if explicit is not None:
+        return load_recipe(explicit), str(explicit)
+    spec = new_spec if Path(new_spec).is_file() else new_spec.partition(":")[2] or new_spec
+    candidate = Path(spec).resolve().parent.parent / "recipes" / f"{stem}.toml"
+    return (load_recipe(candidate) if candidate.is_file() else None), str(candidate)
+
+
+def lock_text(spec: str) -> str:
+    """A lock file's text: the file, else `git show REV:PATH` in the current folder."""
+    path = Path(spec)
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise LockError(f"{spec}: cannot be read ({err})") from None
+    rev, sep, name = spec.partition(":")
+    if not sep or not rev or not name:
+        raise ImagebuildError(f"{spec}: no such lock file (a git revision of one is REV:PATH, e.g. HEAD~1:{spec})")
+    try:
+        proc = subprocess.run(["git", "show", f"{rev}:{name}"], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ImagebuildError(f"{spec}: git could not be run ({err})") from None
+    if proc.returncode != 0:
+        said = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise ImagebuildError(f"{spec}: neither a lock file nor a git revision of one "
+                              f"(git: {said[-1] if said else 'exit ' + str(proc.returncode)})")
+    try:
+        return proc.stdout.decode("utf-8")
+    except UnicodeDecodeError:
+        raise LockError(f"{spec}: not UTF-8 text, so not a lock") from None
+
+
+def diff_locks(old_spec: str, new_spec: str, recipe_path: Path | None = None) -> tuple[LocksDiff, str]:
+    """`diff-lock OLD NEW`: two locks (files, or REV:PATH) compared and judged by the recipe (recipe_path, else
+    the one judging_recipe finds); with where the recipe was looked for, said when none was there."""
+    old = parse_locks(lock_text(old_spec), old_spec)
+    new = parse_locks(lock_text(new_spec), new_spec)
+    recipe, looked = judging_recipe(recipe_path, new_spec, new.recipe)
+    return judged_diff(old, new, old_spec, new_spec, recipe), looked
