@@ -203,10 +203,7 @@ def sbom_command(args, out: Console, err: Console) -> int:
             layout = read_image(layout_dir)
             digest, labels = layout.manifest_digest, verify.ImageFiles(layout.config, {}, {}).labels
         else:
-            info = engine.inspect(args.image)
-            if info is None:
-                raise ImagebuildError(f"no image {args.image!r} in the {engine.name} engine")
-            labels = info.labels
+            labels = engine.require(args.image).labels
         name, tag = _name_and_tag(labels, args.image)
         document = sbom.build_sbom(lock, image_name=name, image_tag=tag, manifest_digest=digest,
                                    kernels=image_kernels(engine, args.image))
