@@ -210,6 +210,9 @@ class BuildahEngine(Engine):
             self._run("umount", name, check=False)
             self._run("rm", name, check=False)
 
+    def transport(self, ref: str) -> str:
+        return f"containers-storage:{ref.removeprefix('sha256:')}"
+
     @contextlib.contextmanager
     def save(self, image: str) -> Iterator[BinaryIO]:
         """The image as a docker-archive stream (what `docker save` writes)."""

@@ -181,6 +181,12 @@ class Engine(abc.ABC):
         from imagebuild.errors import ImagebuildError
         raise ImagebuildError(f"the {self.name} engine cannot stream an image out")
 
+    def transport(self, ref: str) -> str:
+        """The image as containers/image (skopeo) names it, with the transport that reads this engine's
+        store: `docker-daemon:REF`, `containers-storage:REF`."""
+        from imagebuild.errors import ImagebuildError
+        raise ImagebuildError(f"the {self.name} engine names no skopeo transport for {ref!r}")
+
     def at(self, endpoint: str) -> "Engine":
         """The same kind of engine reaching another endpoint (a platform's own builder: a recipe's
         [platforms.ARCH].engine). An engine that builds only on this machine refuses."""

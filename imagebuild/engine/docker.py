@@ -261,6 +261,9 @@ class DockerEngine(Engine):
         with command_stream(self.command("save", image), f"docker save {image}") as stream:
             yield stream
 
+    def transport(self, ref: str) -> str:
+        return f"docker-daemon:{ref}"
+
     def at(self, endpoint: str) -> "DockerEngine":
         """The same CLI, talking to the daemon at endpoint (DOCKER_HOST's form: ssh://…, tcp://…, unix://…)."""
         return DockerEngine(cli=self._cli, host=endpoint)

@@ -272,10 +272,11 @@ def export_oci(engine, image: str, out: Path, *, writer: str = "auto",
             tool = "skopeo"
             if shutil.which("skopeo") is None:
                 raise ToolMissing("--oci needs skopeo: `apt-get install -y skopeo`")
-            progress(f"skopeo copy docker-daemon:{image} oci-archive:{out}")
+            source = engine.transport(image)
+            progress(f"skopeo copy {source} oci-archive:{out}")
             temp.unlink()
-            proc = subprocess.run(["skopeo", "copy", "--quiet", f"docker-daemon:{image}",
-                                   f"oci-archive:{temp}"], capture_output=True, text=True)
+            proc = subprocess.run(["skopeo", "copy", "--quiet", source, f"oci-archive:{temp}"],
+                                  capture_output=True, text=True)
             if proc.returncode != 0:
                 raise TemplateError(f"skopeo copy failed: {proc.stderr.strip()}")
         size, digest = temp.stat().st_size, sha256_file(temp)

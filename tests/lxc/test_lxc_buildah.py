@@ -15,7 +15,8 @@ import pytest
 from imagebuild.cli import app as cli
 from imagebuild.engine import default_engine
 from imagebuild.errors import ImagebuildError
-from tests.conftest import cannot_run
+from imagebuild.lxc import lxc
+from tests.conftest import cannot_run, missing_tool
 from tests.lxc.test_lxc import debian_rootfs, directory, entry, fake_host, make_tar
 
 pytestmark = pytest.mark.needs_tool("buildah", "zstd", package="buildah zstd")
@@ -111,16 +112,28 @@ def test_export_lxc_through_buildah_runs_the_image_config(buildah, tmp_path, cap
     assert buildah_containers() == before
 
 
+def oci_archive_config(path) -> dict:
+    """The image config's `config` of an OCI archive's one image."""
+    with tarfile.open(path) as tar:
+        blob = lambda digest: json.loads(tar.extractfile("blobs/sha256/" + digest.removeprefix("sha256:")).read())
+        index = json.loads(tar.extractfile("index.json").read())
+        return blob(blob(index["manifests"][0]["digest"])["config"]["digest"])["config"]
+
+
 def test_export_lxc_oci_through_buildah_keeps_the_config(buildah, tmp_path, capsys):
     out = tmp_path / "app.tar"
     status, report = export(capsys, NAME, "--oci", "-o", str(out))
     assert status == 0 and report["format"] == "oci-archive" and report["tool"] == "imagebuild.oci", report
-    with tarfile.open(out) as tar:
-        blob = lambda digest: json.loads(tar.extractfile("blobs/sha256/" + digest.removeprefix("sha256:")).read())
-        index = json.loads(tar.extractfile("index.json").read())
-        config = blob(blob(index["manifests"][0]["digest"])["config"]["digest"])["config"]
+    config = oci_archive_config(out)
     assert config["Entrypoint"] == ["/opt/app/bin/serve"] and config["Cmd"] == ["--port", "8000"]
     assert config["WorkingDir"] == "/srv/app" and "APP_MODE=two words" in config["Env"]
+
+
+def test_the_skopeo_writer_reads_buildah_s_own_store(buildah, tmp_path):
+    missing_tool("skopeo", package="skopeo")
+    report = lxc.export_oci(buildah, NAME, tmp_path / "app.tar", writer="skopeo")
+    assert report.tool == "skopeo" and report.image_id == buildah.inspect(NAME).id
+    assert oci_archive_config(tmp_path / "app.tar")["Entrypoint"] == ["/opt/app/bin/serve"]
 
 
 def test_lxc_config_image_check_through_buildah(buildah, tmp_path, capsys):
