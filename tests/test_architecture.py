@@ -412,7 +412,7 @@ def docker_sdk_violations(root: Path = PACKAGE) -> list[str]:
 
 
 def test_no_docker_sdk_import_outside_engine():
-    assert any(module == "docker" for module, _ in imports_of(PACKAGE / "engine" / "docker.py"))  # the rule reads imports
+    assert any(module == "docker" for module, _ in imports_of(PACKAGE / "engine" / "docker.py"))  # imports are read
     assert docker_sdk_violations() == []
 
 

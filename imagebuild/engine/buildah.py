@@ -179,7 +179,8 @@ class BuildahEngine(Engine):
                            entrypoint=tuple(run.get("Entrypoint") or ()), cmd=tuple(run.get("Cmd") or ()),
                            env=tuple(run.get("Env") or ()), workdir=run.get("WorkingDir") or "",
                            user=run.get("User") or "", created=config_created(config.get("created")),
-                           platform=config_platform(config.get("os"), config.get("architecture"), config.get("variant")))
+                           platform=config_platform(config.get("os"), config.get("architecture"),
+                                                    config.get("variant")))
 
     def remove(self, ref: str) -> None:
         self._run("rmi", "-f", ref.removeprefix("sha256:"), check=False)

@@ -33,7 +33,8 @@ CMD ["--port", "8000"]
 
 def buildah_containers() -> list[str]:
     """The working containers buildah holds now (an export leaves none behind)."""
-    done = subprocess.run(["buildah", "containers", "--quiet", "--notruncate"], capture_output=True, text=True, check=True)
+    done = subprocess.run(["buildah", "containers", "--quiet", "--notruncate"], capture_output=True, text=True,
+                          check=True)
     return done.stdout.split()
 
 
@@ -104,7 +105,8 @@ def test_export_lxc_through_buildah_runs_the_image_config(buildah, tmp_path, cap
     assert any("USER 1000 is not applied" in w for w in report["rootfs"]["warnings"])
     members = template_members(out)
     command = members["./etc/imagebuild/command"][1].decode()
-    assert "cd /srv/app 2>/dev/null || cd /\n" in command and command.endswith("set -- /opt/app/bin/serve --port 8000\n")
+    assert "cd /srv/app 2>/dev/null || cd /\n" in command
+    assert command.endswith("set -- /opt/app/bin/serve --port 8000\n")
     environment = members["./etc/environment"][1].decode()
     assert environment.endswith('PATH=/opt/app/bin:/usr/bin\nAPP_MODE="two words"\n')
     assert members["./opt/app/bin/serve"][1] == b"#!/bin/sh\n" and members["./srv/app"][0].isdir()
