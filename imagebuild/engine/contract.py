@@ -5,8 +5,8 @@ leaves a tag), tags it, runs a command in a throwaway container, inspects images
 config a container of one runs with: ImageConfig) and removes them, and imports a rootfs tar as a base.
 An image that is not there is errors.ImageNotFound (Engine.require, Engine.image_config).
 DockerEngine (engine/docker.py) is the implementation in use; BuildahEngine (engine/buildah.py) builds
-without a daemon. How a build tool's output is streamed lives in engine/streams.py. A new
-engine implements Engine and joins ENGINES in engine/__init__.py.
+without a daemon. How a build tool's output is streamed lives in engine/streams.py. A new engine
+implements Engine and joins ENGINES in engine/__init__.py.
 """
 
 from __future__ import annotations
