@@ -79,6 +79,18 @@ class EngineUnavailable(ImagebuildError):
     exit_code = EXIT_UNAVAILABLE
 
 
+class ImageNotFound(ImagebuildError):
+    """The engine has no image of that reference (engine.Engine.require and image_config raise it); the one
+    message for it, wherever an image is looked up."""
+
+    def __init__(self, image: str, engine: str, hint: str = ""):
+        self.image, self.engine = image, engine
+        super().__init__(f"no image {image!r} in the {engine} engine: build, pull or load it first{hint}")
+
+    def details(self) -> dict:
+        return {"image": self.image, "engine": self.engine}
+
+
 class ToolMissing(ImagebuildError):
     """A host tool (mmdebstrap, uv, docker CLI) is not installed."""
 

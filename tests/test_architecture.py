@@ -402,6 +402,29 @@ def test_the_registry_and_the_contract_name_no_engine(tmp_path):
     assert engine_violations(root) == []
 
 
+def docker_sdk_violations(root: Path = PACKAGE) -> list[str]:
+    """Outside engine/, an import of the docker SDK (`docker`, `docker.errors`, ...): what an engine's
+    client says (its errors, its image JSON) reaches the rest only through the contract."""
+    return [f"{path.relative_to(root.parent)}:{line} imports {module}"
+            for path in sources(root) if path.relative_to(root).parts[0] != "engine"
+            for module, line in imports_of(path, root) if module == "docker" or module.startswith("docker.")]
+
+
+def test_no_docker_sdk_import_outside_engine():
+    assert any(module == "docker" for module, _ in imports_of(PACKAGE / "engine" / "docker.py"))  # imports are read
+    assert docker_sdk_violations() == []
+
+
+@pytest.mark.parametrize("text", ["def config(engine, image):\n    import docker.errors\n",
+                                  "from docker.errors import NotFound\n", "import docker\n",
+                                  "from docker import errors\n"])
+def test_a_docker_sdk_import_outside_engine_is_reported(tmp_path, text):
+    root = _tree(tmp_path, {"engine/docker.py": "import docker\nimport docker.errors\n", "lxc/lxc.py": text,
+                            "lxc/docker_notes.py": "from imagebuild.engine import default_engine\n"})
+    assert [v.split(" imports ")[0] for v in docker_sdk_violations(root)] == [
+        f"imagebuild/lxc/lxc.py:{text.count(chr(10))}"]
+
+
 def test_an_in_image_path_written_outside_render_is_reported(tmp_path):
     root = _tree(tmp_path, {"render/paths.py": 'LOCK = "/opt/imagebuild/lock.json"\n',
                             "payload/probe/findings_kernels.py": 'MANIFEST = "/opt/imagebuild/aot-manifest.json"\n',

@@ -156,9 +156,7 @@ def take_inventory_in_image(image: str, engine: Engine, *, python: str | None = 
     and the image is of its platform, so nvidia-smi answers), under `python` or the image's python3."""
     where = f"image {image}" + (f" --python {python}" if python else "")
     engine.check()
-    info = engine.inspect(image)
-    if info is None:
-        raise AdoptError(f"no image {image!r} in the {engine.name} engine: build or pull it first")
+    info = engine.require(image)
     native = (info.platform or "linux/amd64").split("/")[1:2] == [host_arch()]
     gpus = native and os.path.exists("/dev/nvidiactl")
     payload = _payload()

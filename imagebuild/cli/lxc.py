@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from imagebuild.cli.options import engine_option
 from imagebuild.cli.output import line
 from imagebuild.errors import EXIT_OK
 from imagebuild.lxc import lxc, lxc_gpu
@@ -38,6 +39,7 @@ def add_commands(command) -> None:
                      "'' idles until the container is stopped")
     cmd.add_argument("--oci", action="store_true",
                      help="write an uncompressed OCI archive (Proxmox 9.1+ runs its entrypoint itself)")
+    engine_option(cmd)
     cmd.set_defaults(handler=export_lxc)
 
     cmd = command("lxc-config", "print the Proxmox container config lines that pass NVIDIA GPUs "
@@ -49,6 +51,7 @@ def add_commands(command) -> None:
     cmd.add_argument("--image", help="also check that this image carries no libcuda.so of its own")
     cmd.add_argument("--root", type=Path, default=Path("/"),
                      help="read proc/devices and dev/ under this folder (default /, the host)")
+    engine_option(cmd)
     cmd.set_defaults(handler=lxc_config)
 
 
@@ -66,7 +69,7 @@ def _sigterm_interrupts():
 
 def export_lxc(args: argparse.Namespace, out: Console, err: Console) -> int:
     from imagebuild.engine import default_engine
-    engine = default_engine()
+    engine = default_engine(args.engine)
     image, platform = lxc.resolve_image(engine, args.image, args.platform)
     output = args.output or Path(lxc.default_name(args.image, args.compress or "zst", args.oci,
                                                   lxc.arch_of(platform)))
@@ -109,7 +112,7 @@ def lxc_config(args: argparse.Namespace, out: Console, err: Console) -> int:
     libraries = None
     if args.image:
         from imagebuild.engine import default_engine
-        libraries = lxc_gpu.image_driver_libraries(default_engine(), args.image)
+        libraries = lxc_gpu.image_driver_libraries(default_engine(args.engine), args.image)
         if libraries:
             raise lxc_gpu.DriverInImage(
                 f"{args.image} carries {', '.join(libraries)}: a container must use the host's own "

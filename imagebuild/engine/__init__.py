@@ -1,8 +1,8 @@
-"""Stage: the container engine. The contract (contract.py: Engine, ImageInfo, RunResult) and its
+"""Stage: the container engine. The contract (contract.py: Engine, ImageInfo, ImageConfig, RunResult) and its
 implementations: DockerEngine (docker.py, BuildKit through Debian's docker.io CLI) and BuildahEngine
 (buildah.py, no daemon). streams.py runs build tools and export commands as streams.
 
-Public surface: Engine, BuildCache, ImageInfo, RunResult, Progress, ENGINES, DEFAULT_ENGINE,
+Public surface: Engine, BuildCache, ImageInfo, ImageConfig, RunResult, Progress, ENGINES, DEFAULT_ENGINE,
 engine_names(), default_engine(name).
 May import: common, errors. A new engine: a module here implementing Engine, and one line in ENGINES;
 the CLI's --engine choices and every caller read the names from here (tests/test_architecture.py holds
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import importlib
 
-from imagebuild.engine.contract import BuildCache, Engine, ImageInfo, Progress, RunResult
+from imagebuild.engine.contract import BuildCache, Engine, ImageConfig, ImageInfo, Progress, RunResult
 
-__all__ = ["BuildCache", "DEFAULT_ENGINE", "ENGINES", "Engine", "ImageInfo", "Progress", "RunResult",
+__all__ = ["BuildCache", "DEFAULT_ENGINE", "ENGINES", "Engine", "ImageConfig", "ImageInfo", "Progress", "RunResult",
            "default_engine", "engine_names"]
 
 # Every engine: its name (the CLI's --engine) -> "module:class", imported on first use, so an engine

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping, Sequence
 
 from imagebuild.common import REPRO_EPOCH, Progress, quiet
-from imagebuild.engine.contract import (BuildCache, Engine, ImageInfo, RunResult, config_platform, split_ref,
-                                        write_rootfs_archive)
+from imagebuild.engine.contract import (BuildCache, Engine, ImageConfig, ImageInfo, RunResult, config_created,
+                                        config_platform, split_ref, write_rootfs_archive)
 from imagebuild.engine.build_log import BUILD_LOG_LINES, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming
-from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
+from imagebuild.errors import BuildFailed, EngineUnavailable, ImageNotFound, ToolMissing
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 
@@ -148,11 +148,15 @@ class BuildahEngine(Engine):
         newest = max(rows, key=lambda row: str(row.get("createdatraw") or row.get("createdat") or ""), default=None)
         return "sha256:" + str(newest["id"]).removeprefix("sha256:") if newest else None
 
-    def inspect(self, ref: str) -> ImageInfo | None:
+    def _inspect_image(self, ref: str) -> dict | None:
+        """`buildah inspect --type image` as JSON (the config under OCIv1); None when there is no such image."""
         proc = self._run("inspect", "--type", "image", ref.removeprefix("sha256:"), check=False)
-        if proc.returncode != 0:
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+    def inspect(self, ref: str) -> ImageInfo | None:
+        data = self._inspect_image(ref)
+        if data is None:
             return None
-        data = json.loads(proc.stdout)
         config = data.get("OCIv1") or {}
         run = config.get("config") or {}
         listing = self._run("images", "--json", "--no-trunc", ref.removeprefix("sha256:"), check=False)
@@ -164,6 +168,19 @@ class BuildahEngine(Engine):
                          diff_ids=tuple((config.get("rootfs") or {}).get("diff_ids") or ()),
                          tags=tuple(row.get("names") or ()), env=tuple(run.get("Env") or ()),
                          platform=config_platform(config.get("os"), config.get("architecture"), config.get("variant")))
+
+    def image_config(self, ref: str) -> ImageConfig:
+        data = self._inspect_image(ref)
+        if data is None:
+            raise ImageNotFound(ref, self.name)
+        config = data.get("OCIv1") or {}
+        run = config.get("config") or {}
+        return ImageConfig(id="sha256:" + str(data.get("FromImageID") or "").removeprefix("sha256:"),
+                           entrypoint=tuple(run.get("Entrypoint") or ()), cmd=tuple(run.get("Cmd") or ()),
+                           env=tuple(run.get("Env") or ()), workdir=run.get("WorkingDir") or "",
+                           user=run.get("User") or "", created=config_created(config.get("created")),
+                           platform=config_platform(config.get("os"), config.get("architecture"),
+                                                    config.get("variant")))
 
     def remove(self, ref: str) -> None:
         self._run("rmi", "-f", ref.removeprefix("sha256:"), check=False)
@@ -193,6 +210,9 @@ class BuildahEngine(Engine):
         finally:
             self._run("umount", name, check=False)
             self._run("rm", name, check=False)
+
+    def transport(self, ref: str) -> str:
+        return f"containers-storage:{ref.removeprefix('sha256:')}"
 
     @contextlib.contextmanager
     def save(self, image: str) -> Iterator[BinaryIO]:

@@ -1,10 +1,12 @@
 """The engine contract: what imagebuild needs from a container engine, and nothing more.
 
 An engine builds a context into an untagged image (so a failed build or a failed smoke test never
-leaves a tag), tags it, runs a command in a throwaway container, inspects and removes images, and
-imports a rootfs tar as a base. DockerEngine (engine/docker.py) is the implementation in use;
-BuildahEngine (engine/buildah.py) builds without a daemon. How a build tool's output is streamed
-lives in engine/streams.py. A new engine implements Engine and joins ENGINES in engine/__init__.py.
+leaves a tag), tags it, runs a command in a throwaway container, inspects images (ImageInfo, and the
+config a container of one runs with: ImageConfig) and removes them, and imports a rootfs tar as a base.
+An image that is not there is errors.ImageNotFound (Engine.require, Engine.image_config).
+DockerEngine (engine/docker.py) is the implementation in use; BuildahEngine (engine/buildah.py) builds
+without a daemon. How a build tool's output is streamed lives in engine/streams.py. A new engine
+implements Engine and joins ENGINES in engine/__init__.py.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import contextlib
 import hashlib
 import io
 import json
+import re
 import tarfile
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
 
 from imagebuild.common import Progress, quiet, sha256_file
+from imagebuild.errors import ImageNotFound
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,25 @@ class ImageInfo:
     tags: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
     platform: str = ""  # "linux/arm64", from the image config's os, architecture (and variant)
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What a container of the image runs, as its config says: export-lxc's init and environment, the
+    GPU commands' driver-library check."""
+    id: str  # sha256:...
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    workdir: str = ""
+    user: str = ""
+    created: int = 0  # seconds since the epoch; 0 when unsaid
+    platform: str = ""  # "linux/arm64", as ImageInfo.platform
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """ENTRYPOINT + CMD: what the container runs."""
+        return self.entrypoint + self.cmd
 
 
 @dataclass(frozen=True)
@@ -59,6 +83,13 @@ def config_platform(os_name: str | None, architecture: str | None, variant: str 
     """An image config's os/architecture[/variant] as one platform string; amd64 when unsaid."""
     text = f"{os_name or 'linux'}/{architecture or 'amd64'}"
     return f"{text}/{variant}" if variant else text
+
+
+def config_created(text: str | None) -> int:
+    """An image config's `created` (RFC 3339, `2026-12-04T20:26:14.0496Z`) as seconds since the epoch, to
+    the second; 0 when unsaid or unreadable."""
+    found = re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", text or "")
+    return int(datetime.fromisoformat(found.group(0)).replace(tzinfo=timezone.utc).timestamp()) if found else 0
 
 
 def write_rootfs_archive(sink: BinaryIO, tar: Path, arch: str, tags: Sequence[str] = ()) -> None:
@@ -119,6 +150,17 @@ class Engine(abc.ABC):
         """None when no such image exists."""
 
     @abc.abstractmethod
+    def image_config(self, ref: str) -> ImageConfig:
+        """The image's config (entrypoint, cmd, env, workdir, user); raises ImageNotFound."""
+
+    def require(self, ref: str) -> ImageInfo:
+        """inspect(ref), for an image that must be there: raises ImageNotFound when it is not."""
+        info = self.inspect(ref)
+        if info is None:
+            raise ImageNotFound(ref, self.name)
+        return info
+
+    @abc.abstractmethod
     def remove(self, ref: str) -> None:
         """Remove an image (by id or reference); a missing image is not an error."""
 
@@ -138,6 +180,12 @@ class Engine(abc.ABC):
         read once and never held whole: oci, verify and lxc read it."""
         from imagebuild.errors import ImagebuildError
         raise ImagebuildError(f"the {self.name} engine cannot stream an image out")
+
+    def transport(self, ref: str) -> str:
+        """The image as containers/image (skopeo) names it, with the transport that reads this engine's
+        store: `docker-daemon:REF`, `containers-storage:REF`."""
+        from imagebuild.errors import ImagebuildError
+        raise ImagebuildError(f"the {self.name} engine names no skopeo transport for {ref!r}")
 
     def at(self, endpoint: str) -> "Engine":
         """The same kind of engine reaching another endpoint (a platform's own builder: a recipe's

@@ -16,11 +16,11 @@ import docker.errors
 import requests.exceptions
 
 from imagebuild.common import Progress, quiet
-from imagebuild.engine.contract import (BuildCache, Engine, ImageInfo, RunResult, config_platform, split_ref,
-                                        write_rootfs_archive)
+from imagebuild.engine.contract import (BuildCache, Engine, ImageConfig, ImageInfo, RunResult, config_created,
+                                        config_platform, split_ref, write_rootfs_archive)
 from imagebuild.engine.build_log import BUILD_LOG_LINES, TAIL_SHOWN, build_failure
 from imagebuild.engine.streams import command_stream, run_streaming, widen_pipe
-from imagebuild.errors import BuildFailed, EngineUnavailable, ToolMissing
+from imagebuild.errors import BuildFailed, EngineUnavailable, ImageNotFound, ToolMissing
 
 # Debian's docker.io CLI (20.10) runs BuildKit builds itself; newer CLIs need the buildx plugin.
 _CLI_CANDIDATES = ("/usr/bin/docker", "docker")
@@ -186,21 +186,38 @@ class DockerEngine(Engine):
         newest = max(images, key=lambda image: image.get("Created") or 0, default=None)
         return newest["Id"] if newest else None
 
-    def inspect(self, ref: str) -> ImageInfo | None:
+    def _inspect_image(self, ref: str) -> dict | None:
+        """The engine's JSON for the image; None when there is no such image."""
         try:
-            data = self.client.api.inspect_image(ref)
+            return self.client.api.inspect_image(ref)
         except docker.errors.ImageNotFound:
             return None
         except docker.errors.APIError as err:
             if err.status_code in (400, 404):  # an invalid reference cannot exist
                 return None
             raise
+
+    def inspect(self, ref: str) -> ImageInfo | None:
+        data = self._inspect_image(ref)
+        if data is None:
+            return None
         config = data.get("Config") or {}
         return ImageInfo(id=data["Id"], size=int(data.get("Size") or 0),
                          labels=dict(config.get("Labels") or {}),
                          diff_ids=tuple((data.get("RootFS") or {}).get("Layers") or ()),
                          tags=tuple(data.get("RepoTags") or ()), env=tuple(config.get("Env") or ()),
                          platform=config_platform(data.get("Os"), data.get("Architecture"), data.get("Variant")))
+
+    def image_config(self, ref: str) -> ImageConfig:
+        data = self._inspect_image(ref)
+        if data is None:
+            raise ImageNotFound(ref, self.name)
+        config = data.get("Config") or {}
+        return ImageConfig(id=data["Id"], entrypoint=tuple(config.get("Entrypoint") or ()),
+                           cmd=tuple(config.get("Cmd") or ()), env=tuple(config.get("Env") or ()),
+                           workdir=config.get("WorkingDir") or "", user=config.get("User") or "",
+                           created=config_created(data.get("Created")),
+                           platform=config_platform(data.get("Os"), data.get("Architecture"), data.get("Variant")))
 
     def remove(self, ref: str) -> None:
         try:
@@ -243,6 +260,9 @@ class DockerEngine(Engine):
         self.check()
         with command_stream(self.command("save", image), f"docker save {image}") as stream:
             yield stream
+
+    def transport(self, ref: str) -> str:
+        return f"docker-daemon:{ref}"
 
     def at(self, endpoint: str) -> "DockerEngine":
         """The same CLI, talking to the daemon at endpoint (DOCKER_HOST's form: ssh://…, tcp://…, unix://…)."""

@@ -125,9 +125,7 @@ def diagnose_image(image: str, engine: Engine, *, python: str | None = None, env
     BINFMT_DIR), or not at all."""
     started = time.monotonic()
     engine.check()
-    info = engine.inspect(image)
-    if info is None:
-        raise DoctorFailed(f"no image {image!r} in the {engine.name} engine")
+    info = engine.require(image)
     runs = image_platform(info.platform or "linux/amd64", binfmt_dir=binfmt_dir)
     if runs["emulated"] and not runs["binfmt"]["enabled"]:  # the container could not even start
         return DoctorReport(f"image {image}", python or "python3", [platform_finding(runs)], {}, {},

@@ -155,10 +155,7 @@ def image_sbom(engine, image: str, out: Path, *, lock: Path | None = None) -> Sb
         layout = read_image(layout_dir)
         digest, labels = layout.manifest_digest, verify.ImageFiles(layout.config, {}, {}).labels
     else:
-        info = engine.inspect(image)
-        if info is None:
-            raise ImagebuildError(f"no image {image!r} in the {engine.name} engine")
-        labels = info.labels
+        labels = engine.require(image).labels
     name, tag = _name_and_tag(labels, image)
     document = sbom.build_sbom(lock_value, image_name=name, image_tag=tag, manifest_digest=digest,
                                kernels=image_kernels(engine, image))

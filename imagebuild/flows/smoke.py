@@ -21,7 +21,7 @@ from typing import Callable
 from imagebuild import payload
 from imagebuild.common import Progress, cache_dir, quiet, write_atomic
 from imagebuild.engine import Engine, ImageInfo
-from imagebuild.errors import SmokeFailed
+from imagebuild.errors import ImageNotFound, SmokeFailed
 from imagebuild.flows import built
 from imagebuild.flows.options import BuildOptions
 from imagebuild.flows.reports import BuildReport, SmokeReport
@@ -130,9 +130,10 @@ def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | t
           progress: Progress = quiet) -> SmokeReport:
     """Run the image's own probe against its own expectations, offline, in a throwaway container."""
     engine.check()
-    info = engine.inspect(image)
-    if info is None:
-        raise SmokeFailed(f"no image {image!r} in the {engine.name} engine")
+    try:
+        info = engine.require(image)
+    except ImageNotFound as missing:  # a failed smoke test's type and exit code, the one message
+        raise SmokeFailed(str(missing)) from None
     gpus = os.path.exists("/dev/nvidiactl") if gpus is None else gpus
     cached = smoke_cache_path(info.id, gpus)
     if cached is None:

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import IO, BinaryIO, Callable, Iterator, TypeVar
 
 from imagebuild.common import REPRO_EPOCH, cache_dir, sha256_file
-from imagebuild.errors import ImagebuildError
 from imagebuild.image.compression import (DEFAULT, Compression, cache_key, check_available,
                                           compression as compression_named)
 from imagebuild.image.normalize import TAR_ERRORS, LayerError, clean_path, spilled, write_layer_blob
@@ -269,8 +268,7 @@ def export_layout(engine, image: str, out_dir: Path, *, epoch: int = REPRO_EPOCH
     started = time.monotonic()
     compression = compression_named(compression)
     check_available(compression)
-    if engine.inspect(image) is None:
-        raise ImagebuildError(f"no image {image!r} in the {engine.name} engine")
+    engine.require(image)
     out_dir = Path(out_dir)
     cache = default_layer_cache() if cache is True else (cache or None)
     with staged_dir(out_dir) as staging:

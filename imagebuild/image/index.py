@@ -80,9 +80,7 @@ def check_platforms(engine, images: list[str]) -> dict[str, Platform]:
     """Each image's platform, from its config; two images of one platform are an error."""
     found: dict[str, Platform] = {}
     for image in images:
-        info = engine.inspect(image)
-        if info is None:
-            raise ImagebuildError(f"no image {image!r} in the {engine.name} engine")
+        info = engine.require(image)
         platform = Platform.parse(info.platform or "linux/amd64")
         same = [other for other, p in found.items() if p == platform]
         if same:

@@ -23,7 +23,7 @@ from typing import IO, Callable
 
 from packaging.utils import canonicalize_name
 
-from imagebuild.errors import ImagebuildError
+from imagebuild.errors import ImageNotFound
 from imagebuild.image import export
 from imagebuild.image import normalize
 from imagebuild.image import oci
@@ -172,8 +172,7 @@ def image_files(engine, ref: str, keep: Callable[[str], bool] = lambda _: False)
         files, contents = merge_layers(layers)
         return ImageFiles(layout.config, files, contents)
     if engine.inspect(ref) is None:
-        raise ImagebuildError(f"no image {ref!r} in the {engine.name} engine (an OCI layout is "
-                              "named oci:DIR)")
+        raise ImageNotFound(ref, engine.name, " (an OCI layout is named oci:DIR)")
     with export.saved_image(engine, ref) as stream:
         saved = export.read_saved(stream, lambda _, s: read_layer_files(s, keep))
     files, contents = merge_layers(saved.layers)

@@ -21,17 +21,16 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 from imagebuild.common import Progress, atomic_output, quiet, sha256_file
-from imagebuild.engine.contract import config_platform, split_ref
+from imagebuild.engine.contract import split_ref
 from imagebuild.engine.streams import widen_pipe
-from imagebuild.errors import ImagebuildError, ToolMissing
+from imagebuild.errors import ToolMissing
 from imagebuild.image import tarstream
-from imagebuild.lxc.rootfs_filter import (ImageConfig, RootfsSummary, TemplateError, TemplatePlan, TemplateReport,
-                                          clean_name, damaged_as_unreadable, filter_rootfs)
+from imagebuild.lxc.rootfs_filter import (RootfsSummary, TemplateError, TemplatePlan, TemplateReport, clean_name,
+                                          damaged_as_unreadable, filter_rootfs)
 
 BUFFER = 1 << 20
 COMPRESSORS = {"zst": (".tar.zst", ("zstd", "-T0", "-q", "-c")),
@@ -97,11 +96,9 @@ def resolve_image(engine, image: str, platform: str | None = None) -> tuple[str,
     """(the reference to export, its platform): IMAGE as it is without `platform`; with one, IMAGE when it
     is that platform, else IMAGE-<arch> when that is. PlatformNotFound says what there is otherwise."""
     engine.check()
-    info = engine.inspect(image)
     if platform is None:
-        if info is None:
-            raise TemplateError(f"no image {image!r} in the {engine.name} engine")
-        return image, info.platform
+        return image, engine.require(image).platform
+    info = engine.inspect(image)
     asked = parse_platform(platform)
     found = {image: info.platform} if info else {}
     if info and same_platform(asked, info.platform):
@@ -188,27 +185,6 @@ def compress_to(path: Path, compression: str, write: Callable[[BinaryIO], object
     return result
 
 
-def image_config(engine, image: str) -> ImageConfig:
-    engine.check()
-    client = getattr(engine, "client", None)
-    if client is None:
-        raise ImagebuildError(f"the {engine.name} engine cannot show an image's config yet")
-    import docker.errors
-    try:
-        data = client.api.inspect_image(image)
-    except docker.errors.NotFound:
-        raise TemplateError(f"no image {image!r} in the {engine.name} engine") from None
-    config = data.get("Config") or {}
-    created = re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", data.get("Created") or "")
-    epoch = (int(datetime.fromisoformat(created.group(0)).replace(tzinfo=timezone.utc).timestamp())
-             if created else 0)
-    return ImageConfig(id=data["Id"], env=tuple(config.get("Env") or ()),
-                       command=tuple(config.get("Entrypoint") or ()) + tuple(config.get("Cmd") or ()),
-                       workdir=config.get("WorkingDir") or "", user=config.get("User") or "",
-                       created=epoch,
-                       platform=config_platform(data.get("Os"), data.get("Architecture"), data.get("Variant")))
-
-
 def rootfs_members(stream: BinaryIO) -> Iterator[tuple[str, tarstream.Member]]:
     """Each entry of a rootfs tar stream as (clean path, header); file contents are skipped."""
     with damaged_as_unreadable():
@@ -246,7 +222,8 @@ def export_template(engine, image: str, out: Path, *, compression: str | None = 
     out = Path(out)
     compression = compression_for(out, compression)
     compressor_command(compression)  # missing tools fail before the engine is asked for anything
-    config = image_config(engine, image)
+    engine.check()
+    config = engine.image_config(image)
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH") or config.created)
     plan = TemplatePlan(init=init, command=config.command if command is None else tuple(command),
                         workdir=config.workdir, env=config.env, epoch=epoch)
@@ -273,7 +250,8 @@ def export_oci(engine, image: str, out: Path, *, writer: str = "auto",
     out = Path(out)
     if not out.name.endswith(".tar"):
         raise TemplateError(f"{out.name}: Proxmox takes an OCI archive only as a .tar")
-    config = image_config(engine, image)
+    engine.check()
+    config = engine.image_config(image)
     export_layout = None
     if writer != "skopeo":
         try:
@@ -294,10 +272,11 @@ def export_oci(engine, image: str, out: Path, *, writer: str = "auto",
             tool = "skopeo"
             if shutil.which("skopeo") is None:
                 raise ToolMissing("--oci needs skopeo: `apt-get install -y skopeo`")
-            progress(f"skopeo copy docker-daemon:{image} oci-archive:{out}")
+            source = engine.transport(image)
+            progress(f"skopeo copy {source} oci-archive:{out}")
             temp.unlink()
-            proc = subprocess.run(["skopeo", "copy", "--quiet", f"docker-daemon:{image}",
-                                   f"oci-archive:{temp}"], capture_output=True, text=True)
+            proc = subprocess.run(["skopeo", "copy", "--quiet", source, f"oci-archive:{temp}"],
+                                  capture_output=True, text=True)
             if proc.returncode != 0:
                 raise TemplateError(f"skopeo copy failed: {proc.stderr.strip()}")
         size, digest = temp.stat().st_size, sha256_file(temp)

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from imagebuild.errors import EXIT_FAILED, ImagebuildError
-from imagebuild.lxc.lxc import image_config, rootfs_members
+from imagebuild.lxc.lxc import rootfs_members
 from imagebuild.lxc.rootfs_filter import is_driver_library
 
 
@@ -117,7 +117,8 @@ def lxc_syntax(lines) -> tuple[str, ...]:
 
 def image_driver_libraries(engine, image: str) -> list[str]:
     """Paths of libcuda.so* in the image that would shadow the host's driver (stubs aside)."""
-    config = image_config(engine, image)
+    engine.check()
+    config = engine.image_config(image)
     found = []
     with engine.export_rootfs(config.id) as stream:
         for name, member in rootfs_members(stream):

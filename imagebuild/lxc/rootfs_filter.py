@@ -64,19 +64,6 @@ class UnreadableRootfs(TemplateError):
 # ---------------------------------------------------------------- values
 
 @dataclass(frozen=True)
-class ImageConfig:
-    """What the template needs from the image's config."""
-
-    id: str
-    env: tuple[str, ...] = ()
-    command: tuple[str, ...] = ()  # ENTRYPOINT + CMD
-    workdir: str = ""
-    user: str = ""
-    created: int = 0  # seconds since the epoch
-    platform: str = ""  # linux/arm64, from the config's os, architecture (and variant)
-
-
-@dataclass(frozen=True)
 class TemplatePlan:
     init: str = "auto"  # auto: the image's /sbin/init if it has one, else the shim; shim; image
     command: tuple[str, ...] = ()  # what the shim runs; () idles
