@@ -25,6 +25,7 @@ from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildEr
 from imagebuild.flows.kernels import summary as kernel_summary
 from imagebuild.flows.by_lock import RegistryTarget
 from imagebuild.recipe.model import image_ref_problem
+from imagebuild.registry import Connection
 
 # Command groups that live beside their stage: each module's add_commands(command) adds subparsers
 # whose defaults carry handler=fn(args, out, err) -> exit code.
@@ -37,7 +38,7 @@ CORE_COMMANDS = ("check", "lock", "render", "build", "smoke", "patches")
 
 def registry_ref(text: str) -> str:
     """--cache-from/--cache-to HOST[:PORT]/REPO[:TAG]: a registry host is never guessed."""
-    from imagebuild.registry.push_source import parse_reference
+    from imagebuild.registry import parse_reference
     try:
         parse_reference(text)
     except ImagebuildError as error:
@@ -239,9 +240,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from imagebuild.engine import default_engine
     engine = default_engine(args.engine)
     if args.command == "build":
-        registry = RegistryTarget(args.registry, args.registry_ca_cert, args.insecure_http,
-                                  args.compression) if args.registry else None
-        cache = BuildCache(tuple(args.cache_from), args.cache_to, args.registry_ca_cert, args.insecure_http) \
+        connection = Connection(ca_cert=args.registry_ca_cert, insecure_http=args.insecure_http)
+        registry = RegistryTarget(args.registry, connection, args.compression) if args.registry else None
+        cache = BuildCache(tuple(args.cache_from), args.cache_to, insecure_http=args.insecure_http) \
             if args.cache_from or args.cache_to else None
         with progress.spinning("building"):
             report = flows.build(args.recipe, engine, flows.BuildOptions(lock_path=args.lock, relock=args.relock,
@@ -249,6 +250,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                                      keep_failed=args.keep_failed, gpus=gpus_chosen(args),
                                      accept_unknown=args.accept_unknown,
                                      tag=args.tag, rebuild=args.rebuild, registry=registry, cache=cache,
+                                     connection=connection,
                                      progress=progress))
         if args.json:
             out.print_json(data=report.to_dict())

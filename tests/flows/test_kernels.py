@@ -1,4 +1,4 @@
-"""What the [aot] kernel step did, read from build output (imagebuild/flows/kernels.py): the step's own line as
+"""What the [aot] kernel step did, read from build output (imagebuild/flows/kernels/step.py): the step's own line as
 BuildKit and buildah print it, lines that only look like it, and any text at all without a traceback."""
 
 from __future__ import annotations

@@ -22,10 +22,9 @@ from imagebuild.flows.by_lock import (SMOKE_ARTIFACT, RegistryTarget, config_lab
                                       reuse_by_lock, tag_for_lock, vouch)
 from imagebuild.image.oci import MEDIA_CONFIG, MEDIA_LAYER_TAR, Descriptor, canonical_json, image_manifest, \
     write_blob, write_index
-from imagebuild.registry.auth import RegistryError
-from imagebuild.registry.client import RegistryClient
-from imagebuild.registry.referrers import attach, fallback_tag, get_manifest, read_artifact, referrers
-from imagebuild.registry.registry import push
+from imagebuild.registry import (Connection, PushOptions, RegistryClient, RegistryError, attach, get_manifest, push,
+                                 read_artifact, referrers)
+from imagebuild.registry.referrers import fallback_tag
 from tests import registry_server
 from tests.conftest import cannot_run
 
@@ -67,13 +66,14 @@ def tiny_layout(folder: Path, labels: dict[str, str], content: bytes) -> Path:
 def pushed(registry, tmp_path, name: str, labels: dict[str, str], *, tags=()) -> tuple[str, str]:
     """The tiny image pushed to imagebuild-test/proof:NAME (and tags): (its manifest digest, its config digest)."""
     layout = tiny_layout(tmp_path / name, labels, f"{name} {os.getpid()}\n".encode())
-    report = push(layout, f"{registry.host}/imagebuild-test/proof:{name}", insecure_http=True, also_tags=tags)
+    report = push(layout, f"{registry.host}/imagebuild-test/proof:{name}", Connection(insecure_http=True),
+                  PushOptions(also_tags=tags))
     data = json.loads((layout / "blobs" / "sha256" / report.digest.split(":")[1]).read_bytes())
     return report.digest, data["config"]["digest"]
 
 
 def client(registry) -> RegistryClient:
-    return RegistryClient(registry.host, insecure_http=True)
+    return RegistryClient(registry.host, Connection(insecure_http=True))
 
 
 def subject(registry, digest: str) -> Descriptor:
@@ -114,7 +114,7 @@ def test_an_attached_artifact_is_listed_by_the_fallback_tag_where_the_registry_h
 # ---------------------------------------------------------------- build by lock's proof
 
 def target(registry) -> RegistryTarget:
-    return RegistryTarget(f"{registry.host}/imagebuild-test/proof", insecure_http=True)
+    return RegistryTarget(f"{registry.host}/imagebuild-test/proof", Connection(insecure_http=True))
 
 
 def reuse(registry, lock: str = LOCK) -> tuple[object, list[str]]:
