@@ -22,8 +22,8 @@ from imagebuild.errors import ImagebuildError
 from imagebuild.image.compression import DEFAULT, compression as compression_named
 from imagebuild.image.oci import MANIFEST_TYPES, Descriptor, canonical_json, parse_manifest
 from imagebuild.registry import (Connection, Reference, RegistryClient, RegistryError, attach, copy_manifest, get_blob,
-                                 get_manifest, head_manifest, parse_reference, push_engine_image, read_artifact,
-                                 referrers)
+                                 get_manifest, head_manifest, list_referrers, parse_reference, push_engine_image,
+                                 read_artifact)
 
 # The artifact a smoke report travels as, and the annotation that says it passed.
 SMOKE_ARTIFACT = "application/vnd.imagebuild.smoke-report.v1+json"
@@ -124,7 +124,7 @@ def vouch(client: RegistryClient, repository: str, digest: str, lock_sha256: str
         if label != lock_sha256:
             return None, (f"its config's {LABEL_PREFIX}.lock.sha256 label is {label if label else 'absent'}, "
                           f"not this lock's {lock_sha256}")
-        listed = referrers(client, repository, digest, SMOKE_ARTIFACT)
+        listed = list_referrers(client, repository, digest, SMOKE_ARTIFACT)
         refused = []
         for desc in listed:
             try:

@@ -27,10 +27,10 @@ from imagebuild.registry.client import Connection, RegistryClient, RegistryUnrea
 from imagebuild.registry.distribution import (copy_manifest, get_blob, get_manifest, head_manifest, platform_manifest,
                                               put_manifest)
 from imagebuild.registry.push_source import Reference, export_engine_image, parse_reference
-from imagebuild.registry.referrers import attach, read_artifact, referrers
+from imagebuild.registry.referrers import attach, list_referrers, read_artifact
 from imagebuild.registry.registry import DEFAULT_CHUNK, PushOptions, PushReport, push, push_engine_image
 
 __all__ = ["AuthFailed", "Connection", "Credentials", "DEFAULT_CHUNK", "PushOptions", "PushReport", "Reference",
            "RegistryClient", "RegistryError", "RegistryUnreachable", "attach", "copy_manifest", "export_engine_image",
-           "find_credentials", "get_blob", "get_manifest", "head_manifest", "parse_reference", "platform_manifest",
-           "push", "push_engine_image", "put_manifest", "read_artifact", "referrers"]
+           "find_credentials", "get_blob", "get_manifest", "head_manifest", "list_referrers", "parse_reference",
+           "platform_manifest", "push", "push_engine_image", "put_manifest", "read_artifact"]

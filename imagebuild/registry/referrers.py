@@ -52,7 +52,7 @@ def attach(client: RegistryClient, repository: str, subject: Descriptor, artifac
     return artifact
 
 
-def referrers(client: RegistryClient, repository: str, digest: str, artifact_type: str | None = None
+def list_referrers(client: RegistryClient, repository: str, digest: str, artifact_type: str | None = None
               ) -> list[Descriptor]:
     """The artifacts whose subject is `digest`: from the referrers API, else from the fallback tag's index
     (none when neither exists). Filtered by artifact_type here, whatever the registry filtered."""
