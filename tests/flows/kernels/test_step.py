@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild.flows.kernels import KernelStepWatch, parse_progress, parse_seeded, parse_stats, progress_text, summary
+from imagebuild.flows.kernels.step import KernelStepWatch, parse_progress, parse_seeded, parse_stats, progress_text, summary
 from imagebuild.payload.probe.compile_resume import PROGRESS_MARK
 from imagebuild.payload.probe.kernel_cache import SEED_MARK
 from imagebuild.payload.probe.kernels_aot import STATS_MARK
