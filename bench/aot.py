@@ -126,17 +126,19 @@ def fresh_runner(engine, image: str, library: Path, folder: Path, base_s: float)
     """Push `image` as a build cache, seed an empty kernel mount from it, build the library-only move on it."""
     from imagebuild.engine import BuildCache
     from imagebuild.flows.build_cache import push_build_cache
+    from imagebuild.registry import Connection
     from tests import registry_server
     server = registry_server.start_registry(folder / "registry")
     mount = private_mount("fresh")
     try:
         target = f"{server.host}/bench/aot:buildcache"
         started = time.monotonic()
-        push_build_cache(engine, image, BuildCache(target=target, insecure_http=True))
+        push_build_cache(engine, image, BuildCache(target=target, insecure_http=True), Connection(insecure_http=True))
         push_s = time.monotonic() - started
         started = time.monotonic()
         seeded = flows.seed_kernels(read_lock(default_lock_path(load_recipe(library))),
-                                       BuildCache(sources=(target,), insecure_http=True), engine, None, mount=mount)
+                                       BuildCache(sources=(target,), insecure_http=True), engine, None, mount=mount,
+                                       connection=Connection(insecure_http=True))
         seed_s = time.monotonic() - started
         built = build_on_mount(engine, library, folder / "fresh", mount)
         engine.remove(built["image"])

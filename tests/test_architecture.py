@@ -7,6 +7,8 @@
 - only render/ (paths.py) and payload/ write an in-image path (/opt/imagebuild/...).
 - (test_architecture_names.py) no module imports another's underscore names, and one Finding type;
 - (test_architecture_targets.py) the two publish targets, registry/ and lxc/, do not import each other.
+- (test_architecture_registry.py) only registry/ speaks the registry protocol: no other module imports its
+  modules (only its face) or writes a /v2/ path, and an HTTP client is imported only where a reason is listed.
 
 Every import counts, those inside functions included: a lazy import is still a dependency.
 """

@@ -25,6 +25,7 @@ from imagebuild.errors import EXIT_FAILED, EXIT_OK, FindingsFailed, ImagebuildEr
 from imagebuild.flows.kernels import summary as kernel_summary
 from imagebuild.flows.by_lock import RegistryTarget
 from imagebuild.recipe.model import image_ref_problem
+from imagebuild.registry import Connection
 
 # Command groups that live beside their stage: each module's add_commands(command) adds subparsers
 # whose defaults carry handler=fn(args, out, err) -> exit code.
@@ -35,7 +36,7 @@ EXTENSIONS: tuple[str, ...] = ("imagebuild.cli.publish", "imagebuild.cli.lxc", "
 
 def registry_ref(text: str) -> str:
     """--cache-from/--cache-to HOST[:PORT]/REPO[:TAG]: a registry host is never guessed."""
-    from imagebuild.registry.push_source import parse_reference
+    from imagebuild.registry import parse_reference
     try:
         parse_reference(text)
     except ImagebuildError as error:
@@ -255,14 +256,14 @@ def patches_command(args: argparse.Namespace, out: Console, err: Console) -> int
 
 def build_options(args: argparse.Namespace, progress) -> flows.BuildOptions:
     """build's flags as the build flow's one options value."""
-    registry = RegistryTarget(args.registry, args.registry_ca_cert, args.insecure_http,
-                              args.compression) if args.registry else None
-    cache = BuildCache(tuple(args.cache_from), args.cache_to, args.registry_ca_cert, args.insecure_http) \
+    connection = Connection(ca_cert=args.registry_ca_cert, insecure_http=args.insecure_http)
+    registry = RegistryTarget(args.registry, connection, args.compression) if args.registry else None
+    cache = BuildCache(tuple(args.cache_from), args.cache_to, insecure_http=args.insecure_http) \
         if args.cache_from or args.cache_to else None
     return flows.BuildOptions(lock_path=args.lock, relock=args.relock, run_smoke=not args.no_smoke,
                               ca=args.ca_bundle, keep_failed=args.keep_failed, gpus=gpus_chosen(args),
                               accept_unknown=args.accept_unknown, tag=args.tag, rebuild=args.rebuild,
-                              registry=registry, cache=cache, progress=progress)
+                              registry=registry, cache=cache, connection=connection, progress=progress)
 
 
 def build_command(args: argparse.Namespace, out: Console, err: Console) -> int:

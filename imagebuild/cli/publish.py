@@ -1,4 +1,4 @@
-"""`imagebuild push`: the publish stage's command, a thin layer over imagebuild.registry.registry.push."""
+"""`imagebuild push`: the publish stage's command, a thin layer over imagebuild.registry.push."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from imagebuild.flows.built import record_push
 from imagebuild.flows import lock_built
 from imagebuild.flows.by_lock import RegistryTarget, lock_tag, tag_for_lock
 from imagebuild.flows.smoke import smoke_on_record
-from imagebuild.registry.push_source import export_engine_image, parse_reference
-from imagebuild.registry.registry import DEFAULT_CHUNK, push
+from imagebuild.registry import DEFAULT_CHUNK, Connection, PushOptions, export_engine_image, parse_reference, push
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
@@ -79,14 +78,13 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
             source = Path(tmp) / "layout"
             exported = export_engine_image(engine, args.source, source, progress, compression=args.compression)
         ref = parse_reference(args.reference)
-        report = push(source, args.reference, layout_name=args.layout_name, ca_cert=args.ca_cert,
-                      insecure_http=args.insecure_http, mount_from=args.mount_from,
-                      chunk_size=args.chunk_size, retries=args.retries,
-                      progress=progress)
+        connection = Connection(ca_cert=args.ca_cert, insecure_http=args.insecure_http, retries=args.retries)
+        report = push(source, args.reference, connection,
+                      PushOptions(layout_name=args.layout_name, mount_from=args.mount_from,
+                                  chunk_size=args.chunk_size), progress)
         report.source, report.exported_with = args.source, exported
         if locked and passed:  # its smoke report attached first, so the lock tag never names an image without it
-            target = RegistryTarget(f"{ref.registry}/{ref.repository}", ca_cert=args.ca_cert,
-                                    insecure_http=args.insecure_http)
+            target = RegistryTarget(f"{ref.registry}/{ref.repository}", connection)
             tag_for_lock(target.client(progress), ref, report.digest, locked, passed, image_id=info.id,
                          compression=args.compression)
             report.lock_tag = lock_tag(locked, args.compression)

@@ -67,8 +67,7 @@ class BuildCache:
     An engine that writes its cache during the build says so with `Engine.writes_cache`."""
     sources: tuple[str, ...] = ()
     target: str | None = None
-    ca_cert: str | None = None
-    insecure_http: bool = False
+    insecure_http: bool = False  # an engine that reaches the cache registry itself (buildah) speaks plain HTTP
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ case) and returns a report with `to_dict()` for `--json` (reports.py).
     render(recipe, out)        context.py: one platform's build context
     build(recipe, engine, BuildOptions(...))
                                build.py: each platform's image, built (or reused by lock), smoke-tested, tagged;
-                               by_lock.py and build_cache.py: reuse and push through a registry;
-                               kernel_layer.py and kernels.py: the [aot] kernel step and a fresh runner's seed;
+                               by_lock.py and build_cache.py: reuse and push through a registry (what
+                               to ask; registry/ says how);
+                               kernels/: the [aot] kernel step and a fresh runner's seed;
                                built.py: what this machine built and pushed for each lock
     smoke(image, engine)       smoke.py: the image's own probe, offline, in a throwaway container
     diagnose(...)              doctor.py: the same probe and the knowledge rules on a host, a venv or an image

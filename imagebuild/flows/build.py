@@ -28,8 +28,7 @@ from imagebuild.flows.by_lock import RegistryTarget, push_by_lock, reuse_by_lock
 from imagebuild.render.markers import explain as explain_build_failure
 from imagebuild.flows.findings import across_platforms, located, locked_findings, merged, recipe_findings, \
     stop_on_errors
-from imagebuild.flows.kernel_layer import read_kernel_layer
-from imagebuild.flows.kernels import KernelStepWatch, seed_engine
+from imagebuild.flows.kernels import KernelStepWatch, read_kernel_layer, seed_engine
 from imagebuild.flows.kernels import summary as kernel_summary
 from imagebuild.flows.lock import fresh_locks
 from imagebuild.flows.options import BuildOptions
@@ -39,6 +38,7 @@ from imagebuild.flows.smoke import smoke_and_tag
 from imagebuild.lock import Lock, default_lock_path, uv_binary_for
 from imagebuild.bootstrap import ensure_base_image
 from imagebuild.recipe.model import Recipe, load_recipe
+from imagebuild.registry import Connection
 
 # Where users behind a TLS-intercepting proxy keep the roots that proxy signs with (Debian's path).
 DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -144,7 +144,7 @@ def build_one(recipe: Recipe, current: Lock, path: Path, engine: Engine, options
     seeded = None
     if recipe.aot and options.cache is not None and options.cache.sources:
         clock = time.monotonic()
-        seeded = seed_kernels(current, options.cache, engine, platform, progress)
+        seeded = seed_kernels(current, options.cache, engine, platform, progress, connection=options.connection)
         timings["kernel_seed"] = time.monotonic() - clock
 
     clock = time.monotonic()
@@ -181,10 +181,11 @@ def ca_bundle(explicit: str | None = None) -> Path | None:
 
 
 def seed_kernels(current: Lock, cache: BuildCache, engine: Engine, platform: str | None,
-                 progress: Progress = quiet, mount: tuple[str, str] | None = None) -> dict:
+                 progress: Progress = quiet, mount: tuple[str, str] | None = None, *,
+                 connection: Connection = Connection()) -> dict:
     """A fresh runner's kernel cache: the kernels in the [aot] layer of the first --cache-from image that has
-    one, put into the engine's kernel cache mount (`mount`: id and folder, the [aot] step's by default) before
-    the build. Says what it took, or why nothing."""
+    one (reached by `connection`), put into the engine's kernel cache mount (`mount`: id and folder, the [aot]
+    step's by default) before the build. Says what it took, or why nothing."""
     from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID
     cache_id, cache_folder = mount or (KERNEL_CACHE_ID, KERNEL_CACHE_DIR)
     tried = []
@@ -192,8 +193,8 @@ def seed_kernels(current: Lock, cache: BuildCache, engine: Engine, platform: str
         for source in cache.sources:
             entries = Path(folder) / str(len(tried))
             layer = read_kernel_layer(source, entries, manifest_path=AOT_MANIFEST,
-                                      platform=platform or platform_name(host_arch()), ca_cert=cache.ca_cert,
-                                      insecure_http=cache.insecure_http, progress=progress)
+                                      platform=platform or platform_name(host_arch()), connection=connection,
+                                      progress=progress)
             if layer.why:
                 progress(f"kernel cache: nothing taken from {source}: {layer.why}")
                 tried.append(layer.to_dict())
@@ -222,7 +223,7 @@ def cached(report: BuildReport, cache: BuildCache | None, engine: Engine, option
                     "written_by": (engine.name if engine.writes_cache else "imagebuild") if cache.target else None}
     if cache.target and not engine.writes_cache:
         clock = time.monotonic()
-        report.cache["digest"] = push_build_cache(engine, report.image_id, cache, options.progress)
+        report.cache["digest"] = push_build_cache(engine, report.image_id, cache, options.connection, options.progress)
         report.seconds["cache_push"] = time.monotonic() - clock
 
 

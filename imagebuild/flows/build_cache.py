@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from imagebuild.common import Progress, quiet
 from imagebuild.engine.contract import BuildCache
-from imagebuild.registry.registry import push_engine_image
+from imagebuild.registry import Connection, push_engine_image
 
 
-def push_build_cache(engine, image: str, cache: BuildCache, progress: Progress = quiet) -> str:
+def push_build_cache(engine, image: str, cache: BuildCache, connection: Connection = Connection(),
+                     progress: Progress = quiet) -> str:
     """Push `image` with its build-cache metadata to cache.target; returns the pushed digest."""
-    return push_engine_image(engine, image, cache.target, ca_cert=cache.ca_cert, insecure_http=cache.insecure_http,
-                             build_cache=True, progress=progress).digest
+    return push_engine_image(engine, image, cache.target, connection, build_cache=True, progress=progress).digest

@@ -1,6 +1,6 @@
 """Build by lock against a registry: the image built from a lock is pushed under the tag
 `lock-<lock sha256>` beside the recipe's tag, with the smoke report that passed for it attached (an OCI
-artifact whose subject is that manifest: registry/referrers.py), so a later run (a fresh CI runner with an
+artifact whose subject is that manifest: registry.attach), so a later run (a fresh CI runner with an
 empty engine) finds it and gives it the recipe's tag by putting the same manifest bytes under that tag: no
 layer is downloaded, no build or smoke runs.
 
@@ -21,11 +21,9 @@ from imagebuild.common import Progress, quiet
 from imagebuild.errors import ImagebuildError
 from imagebuild.image.compression import DEFAULT, compression as compression_named
 from imagebuild.image.oci import MANIFEST_TYPES, Descriptor, canonical_json, parse_manifest
-from imagebuild.registry.auth import RegistryError
-from imagebuild.registry.client import RegistryClient, describe
-from imagebuild.registry.push_source import Reference, parse_reference
-from imagebuild.registry.referrers import ACCEPT, attach, get_blob, get_manifest, read_artifact, referrers
-from imagebuild.registry.registry import push_engine_image
+from imagebuild.registry import (Connection, Reference, RegistryClient, RegistryError, attach, copy_manifest, get_blob,
+                                 get_manifest, head_manifest, list_referrers, parse_reference, push_engine_image,
+                                 read_artifact)
 
 # The artifact a smoke report travels as, and the annotation that says it passed.
 SMOKE_ARTIFACT = "application/vnd.imagebuild.smoke-report.v1+json"
@@ -41,10 +39,10 @@ def lock_tag(lock_sha256: str, compression: str = DEFAULT.name) -> str:
 
 @dataclass(frozen=True)
 class RegistryTarget:
-    """Where build-by-lock looks and pushes: HOST[:PORT]/REPOSITORY (a tag in it is ignored)."""
+    """Where build-by-lock looks and pushes: HOST[:PORT]/REPOSITORY (a tag in it is ignored), and how that
+    registry is reached."""
     repository: str
-    ca_cert: str | None = None
-    insecure_http: bool = False
+    connection: Connection = Connection()
     compression: str = DEFAULT.name  # of the layers pushed, and so of the lock tag looked for
 
     def reference(self, tag: str) -> Reference:
@@ -53,10 +51,7 @@ class RegistryTarget:
 
     def client(self, progress: Progress = quiet) -> RegistryClient:
         ref = parse_reference(self.repository)
-        client = RegistryClient(ref.registry, ca_cert=self.ca_cert, insecure_http=self.insecure_http,
-                                progress=progress)
-        client.ping([f"repository:{ref.repository}:pull,push"])
-        return client
+        return self.connection.open(ref.registry, [f"repository:{ref.repository}:pull,push"], progress)
 
 
 @dataclass(frozen=True)
@@ -71,31 +66,7 @@ def find_by_lock(target: RegistryTarget, lock_sha256: str, progress: Progress = 
                  client: RegistryClient | None = None) -> str | None:
     """The digest of the manifest tagged for this lock, by a HEAD request; None when there is none."""
     ref = target.reference(lock_tag(lock_sha256, target.compression))
-    client = client or target.client(progress)
-    response = client.request("HEAD", f"/v2/{ref.repository}/manifests/{ref.tag}", headers={"Accept": ACCEPT})
-    if response.status_code == 404:
-        return None
-    digest = response.headers.get("Docker-Content-Digest", "")
-    if response.status_code != 200 or not digest.startswith("sha256:"):
-        raise RegistryError(f"{ref.registry}: HEAD of {ref.repository}:{ref.tag} gave {describe(response)}")
-    return digest
-
-
-def copy_manifest(client: RegistryClient, source: Reference, target: Reference) -> str:
-    """Put source's manifest (its own bytes, a few KB) under target's tag; returns its digest."""
-    what = source.digest or source.tag
-    response = client.request("GET", f"/v2/{source.repository}/manifests/{what}", headers={"Accept": ACCEPT})
-    digest = response.headers.get("Docker-Content-Digest", "") or source.digest
-    media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
-    if response.status_code != 200 or not digest or not media_type:
-        raise RegistryError(f"{source.registry}: GET of {source.repository} {what} gave {describe(response)}")
-    if target.tag != source.tag:
-        put = client.request("PUT", f"/v2/{target.repository}/manifests/{target.tag}", body=response.content,
-                             headers={"Content-Type": media_type})
-        if put.status_code != 201:
-            raise RegistryError(f"{target.registry} refused the manifest {digest} for "
-                                f"{target.repository}:{target.tag} ({describe(put)})")
-    return digest
+    return head_manifest(client or target.client(progress), ref.repository, ref.tag)
 
 
 def smoke_summary(payload: dict, artifact: str) -> dict:
@@ -153,7 +124,7 @@ def vouch(client: RegistryClient, repository: str, digest: str, lock_sha256: str
         if label != lock_sha256:
             return None, (f"its config's {LABEL_PREFIX}.lock.sha256 label is {label if label else 'absent'}, "
                           f"not this lock's {lock_sha256}")
-        listed = referrers(client, repository, digest, SMOKE_ARTIFACT)
+        listed = list_referrers(client, repository, digest, SMOKE_ARTIFACT)
         refused = []
         for desc in listed:
             try:
@@ -189,7 +160,8 @@ def reuse_by_lock(target: RegistryTarget, lock_sha256: str, tag: str, progress: 
     if smoke is None:
         progress(f"not taking {source} ({found}): {why}; building")
         return None
-    return RegistryHit(str(wanted), copy_manifest(client, source, wanted), str(source), smoke)
+    return RegistryHit(str(wanted), copy_manifest(client, source.repository, found, wanted.tag), str(source),
+                       smoke)
 
 
 def attach_smoke(client: RegistryClient, ref: Reference, digest: str, lock_sha256: str, report: dict,
@@ -217,7 +189,7 @@ def tag_for_lock(client: RegistryClient, ref: Reference, digest: str, lock_sha25
     so a lock tag never names an image without its report): (the lock tag's reference, the summary)."""
     smoke = attach_smoke(client, ref, digest, lock_sha256, report, image_id)
     locked = parse_reference(f"{ref.registry}/{ref.repository}:{lock_tag(lock_sha256, compression)}")
-    copy_manifest(client, parse_reference(f"{ref.registry}/{ref.repository}@{digest}"), locked)
+    copy_manifest(client, ref.repository, digest, locked.tag)
     return str(locked), smoke
 
 
@@ -226,8 +198,8 @@ def push_by_lock(engine, image: str, target: RegistryTarget, lock_sha256: str, t
     """Push a smoke-tested engine image under tag, attach the smoke `report` that passed for it, then put
     the same manifest under the lock's tag."""
     ref = target.reference(tag)
-    pushed = push_engine_image(engine, image, ref, ca_cert=target.ca_cert, insecure_http=target.insecure_http,
-                               compression=target.compression, progress=progress)
+    pushed = push_engine_image(engine, image, ref, target.connection, compression=target.compression,
+                               progress=progress)
     locked, smoke = tag_for_lock(target.client(progress), ref, pushed.digest, lock_sha256, report, image_id,
                                  target.compression)
     progress(f"attached the smoke report ({said_checks(smoke)}) to {pushed.digest} and tagged it "

@@ -9,6 +9,7 @@ from pathlib import Path
 from imagebuild.common import Progress, quiet
 from imagebuild.engine import BuildCache
 from imagebuild.flows.by_lock import RegistryTarget
+from imagebuild.registry import Connection
 
 
 @dataclass(frozen=True)
@@ -23,5 +24,6 @@ class BuildOptions:
     rebuild: bool = False  # build and smoke again even when an image built from this lock is on record
     registry: RegistryTarget | None = None  # reuse or push by lock there
     cache: BuildCache | None = None  # --cache-from / --cache-to
+    connection: Connection = Connection()  # how the cache's registries are reached (--registry-ca-cert, --insecure-http)
     accept_unknown: bool = False  # smoke checks that end `unknown` do not stop the tag
     progress: Progress = quiet

@@ -1,6 +1,7 @@
-"""A session with one registry: reachability and TLS, authentication (auth.py says who we
-are and how the registry asks for it), and what to do when it stumbles (retries with exponential
-backoff on 5xx, 429, timeouts).
+"""How imagebuild reaches registries (`Connection`: one value, built once where a command's flags are
+read, and handed down), and a session with one registry: reachability and TLS, authentication (auth.py
+says who we are and how the registry asks for it), and what to do when it stumbles (retries with
+exponential backoff on 5xx, 429, timeouts).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import ipaddress
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
@@ -55,24 +57,44 @@ def describe(response: requests.Response) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class Connection:
+    """How to reach registries: the CA that signed their certificates (--ca-cert; else $REQUESTS_CA_BUNDLE,
+    $SSL_CERT_FILE, the system's), plain HTTP (--insecure-http, only to a registry on this machine), who we
+    are (credentials; None: found for each registry by auth.find_credentials), and how hard to retry.
+    The host is the reference's: one build reaches its --registry and its --cache-* hosts the same way."""
+    ca_cert: str | Path | None = None
+    insecure_http: bool = False
+    credentials: Credentials | None = None
+    retries: int = 5
+    backoff: float = 0.5
+
+    def open(self, registry: str, scopes: Sequence[str] = (), progress: Progress = quiet) -> RegistryClient:
+        """A session with the registry at host[:port], checked to answer and authenticated for `scopes`."""
+        client = RegistryClient(registry, self, progress=progress)
+        client.ping(scopes)
+        return client
+
+
 class RegistryClient:
     """One registry: reachability, authentication (Basic or Bearer) and retries with backoff."""
 
-    def __init__(self, registry: str, *, credentials: Credentials | None = None,
-                 ca_cert: str | Path | None = None, insecure_http: bool = False, retries: int = 5,
-                 backoff: float = 0.5, timeout: tuple[float, float] = (15, 300),
-                 progress: Progress = quiet):
-        if insecure_http and not is_loopback(registry):
+    def __init__(self, registry: str, connection: Connection = Connection(), *,
+                 timeout: tuple[float, float] = (15, 300), progress: Progress = quiet):
+        if connection.insecure_http and not is_loopback(registry):
             raise ImagebuildError(f"--insecure-http is only for a registry on this machine "
                                   f"(localhost, 127.0.0.1, ::1), not {registry}: give its CA with "
                                   f"--ca-cert")
         self.registry = registry
-        self.base = f"{'http' if insecure_http else 'https'}://{registry}"
+        self.base = f"{'http' if connection.insecure_http else 'https'}://{registry}"
+        credentials = connection.credentials
         self.credentials = credentials if credentials is not None else find_credentials(registry)
-        self.retries, self.backoff, self.timeout, self.progress = retries, backoff, timeout, progress
+        self.retries, self.backoff, self.timeout, self.progress = (connection.retries, connection.backoff, timeout,
+                                                                   progress)
         self.session = requests.Session()
         self.session.headers["User-Agent"] = f"imagebuild/{__version__}"
         self.session.trust_env = not is_loopback(registry)  # no proxy between us and this machine
+        ca_cert = connection.ca_cert
         self.session.verify = str(ca_cert) if ca_cert else (
             os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("SSL_CERT_FILE") or True)
         self.scopes: list[str] = []

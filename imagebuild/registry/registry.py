@@ -19,9 +19,8 @@ from imagebuild.errors import ImagebuildError
 from imagebuild.image.layout import Blob, Manifest, read_layout
 from imagebuild.image.oci import LayoutError
 from imagebuild.registry.push_source import Reference, export_engine_image, parse_reference
-from imagebuild.registry.auth import AuthFailed, Credentials, RegistryError, parse_upload_range
-from imagebuild.registry.client import (RETRY_ERRORS, RETRY_STATUS, RegistryClient, describe,
-                                        with_query)
+from imagebuild.registry.auth import AuthFailed, RegistryError, parse_upload_range
+from imagebuild.registry.client import RETRY_ERRORS, RETRY_STATUS, Connection, RegistryClient, describe, with_query
 
 DEFAULT_CHUNK = 64 << 20  # a lost connection costs at most one chunk
 _BLOCK = 1 << 20  # bytes read from a blob file at a time
@@ -270,33 +269,41 @@ class _Pusher:
                                 f"{stored}: it rewrote the bytes")
 
 
-def push(source: str | Path, reference: str | Reference, *, layout_name: str | None = None,
-         credentials: Credentials | None = None, ca_cert: str | Path | None = None,
-         insecure_http: bool = False, mount_from: Sequence[str] = (),
-         chunk_size: int = DEFAULT_CHUNK, retries: int = 5, backoff: float = 0.5,
-         remember: bool = True, also_tags: Sequence[str] = (), progress: Progress = quiet) -> PushReport:
+@dataclass(frozen=True)
+class PushOptions:
+    """What a push does besides sending the image: the layout's image named (a layout with several), the
+    repositories of the same registry to mount layers from, the chunk size of a large blob's upload, whether
+    the blobs' repositories are remembered for the next push to mount from, and the tags the same manifest
+    goes under too."""
+    layout_name: str | None = None
+    mount_from: Sequence[str] = ()
+    chunk_size: int = DEFAULT_CHUNK
+    remember: bool = True
+    also_tags: Sequence[str] = ()
+
+
+def push(source: str | Path, reference: str | Reference, connection: Connection = Connection(),
+         options: PushOptions = PushOptions(), progress: Progress = quiet) -> PushReport:
     """Push the image in the OCI layout `source` to `reference` (HOST[:PORT]/REPO[:TAG]), and then under
-    each of `also_tags` in the same repository (the same manifest bytes: the same digest)."""
+    each of `options.also_tags` in the same repository (the same manifest bytes: the same digest)."""
     started = time.monotonic()
     ref = parse_reference(reference) if isinstance(reference, str) else reference
-    image = read_layout(source, layout_name).image
+    image = read_layout(source, options.layout_name).image
     if ref.digest and ref.digest != image.digest:
         raise ImagebuildError(f"{ref} pins {ref.digest}, but the layout's image is {image.digest}")
-    cache = MountCache(cache_dir() / "registry-blobs.json" if remember else None)
+    cache = MountCache(cache_dir() / "registry-blobs.json" if options.remember else None)
     everything = list(image.push_order())
     blobs = list({b.digest: b for m in everything for b in m.blobs}.values())
-    sources = {b.digest: [s for s in dict.fromkeys([*mount_from, *cache.sources(
+    sources = {b.digest: [s for s in dict.fromkeys([*options.mount_from, *cache.sources(
         ref.registry, b.digest, ref.repository)]) if s != ref.repository] for b in blobs}
     pulls = dict.fromkeys(s for found in sources.values() for s in found)
-    client = RegistryClient(ref.registry, credentials=credentials, ca_cert=ca_cert,
-                            insecure_http=insecure_http, retries=retries, backoff=backoff,
-                            progress=progress)
-    client.ping([f"repository:{ref.repository}:pull,push"] + [f"repository:{s}:pull" for s in pulls])
-    pusher = _Pusher(client, ref.repository, chunk_size, progress)
+    client = connection.open(ref.registry, [f"repository:{ref.repository}:pull,push"]
+                             + [f"repository:{s}:pull" for s in pulls], progress)
+    pusher = _Pusher(client, ref.repository, options.chunk_size, progress)
     results = [pusher.push_blob(blob, sources[blob.digest]) for blob in blobs]
     for manifest in everything:  # referrers and children by digest, the image itself last, by tag
         pusher.put_manifest(manifest, (ref.tag or ref.digest) if manifest is image else manifest.digest)
-    for tag in also_tags:
+    for tag in options.also_tags:
         pusher.put_manifest(image, tag)
     cache.record(ref.registry, ref.repository, [b.digest for b in blobs])
     cache.save()
@@ -306,13 +313,12 @@ def push(source: str | Path, reference: str | Reference, *, layout_name: str | N
                       len(everything), client.retried, time.monotonic() - started, platforms=platforms)
 
 
-def push_engine_image(engine, image: str, reference: str | Reference, *, ca_cert: str | Path | None = None,
-                      insecure_http: bool = False, build_cache: bool = False, compression: str = "gzip",
-                      progress: Progress = quiet) -> PushReport:
+def push_engine_image(engine, image: str, reference: str | Reference, connection: Connection = Connection(), *,
+                      build_cache: bool = False, compression: str = "gzip", progress: Progress = quiet) -> PushReport:
     """An engine image written as an OCI layout in a temp folder (gzip or zstd layers), then pushed
     (build_cache: with BuildKit's cache metadata kept, for the image pushed as a build cache)."""
     with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:
         layout = Path(tmp) / "layout"
         export_engine_image(engine, image, layout, progress, build_cache=build_cache, compression=compression)
         progress(f"pushing {image} to {reference}")
-        return push(layout, reference, ca_cert=ca_cert, insecure_http=insecure_http, progress=progress)
+        return push(layout, reference, connection, progress=progress)

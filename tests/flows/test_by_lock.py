@@ -20,8 +20,7 @@ from imagebuild.errors import ImagebuildError
 from imagebuild.lock import read_lock
 from imagebuild.flows.by_lock import RegistryTarget, find_by_lock, lock_tag
 from imagebuild.image.oci import parse_manifest
-from imagebuild.registry.client import RegistryClient
-from imagebuild.registry.referrers import get_blob, get_manifest
+from imagebuild.registry import Connection, get_blob, get_manifest
 from tests import registry_server
 from tests.conftest import cannot_run
 
@@ -47,20 +46,20 @@ def blob_downloads(log: Path) -> list[str]:
 
 
 def test_an_unknown_lock_is_not_found_by_a_head(registry):
-    target = RegistryTarget(f"{registry.host}/imagebuild-test/by-lock", insecure_http=True)
+    target = RegistryTarget(f"{registry.host}/imagebuild-test/by-lock", Connection(insecure_http=True))
     assert find_by_lock(target, "0" * 64) is None
     assert lock_tag("ab" * 32) == "lock-" + "ab" * 32
 
 
 def test_a_registry_build_without_smoke_is_refused(registry):
-    target = RegistryTarget(f"{registry.host}/imagebuild-test/by-lock", insecure_http=True)
+    target = RegistryTarget(f"{registry.host}/imagebuild-test/by-lock", Connection(insecure_http=True))
     with pytest.raises(ImagebuildError, match="only smoke-tested images"):
         flows.build(RECIPE, None, flows.BuildOptions(registry=target, run_smoke=False))
 
 
 def test_second_run_of_an_unchanged_lock_reuses_the_pushed_image_without_downloading(engine, registry, capsys):
     repository = f"{registry.host}/imagebuild-test/by-lock"
-    target = RegistryTarget(repository, insecure_http=True)
+    target = RegistryTarget(repository, Connection(insecure_http=True))
     ref = f"imagebuild-test/by-lock:{os.getpid()}"
     lock = read_lock(REPO / "lockfiles" / "cuda-toolchain.lock")
     first = flows.build(RECIPE, engine, flows.BuildOptions(tag=ref, registry=target))
@@ -87,7 +86,7 @@ def test_second_run_of_an_unchanged_lock_reuses_the_pushed_image_without_downloa
     # Read to prove it: the config (its lock label) and the attached smoke report; no layer.
     read = {re.search(r"/blobs/(sha256:[0-9a-f]{64})", line).group(1)
             for line in blob_downloads(registry.log)[downloads_before:]}
-    session = RegistryClient(registry.host, insecure_http=True)
+    session = Connection(insecure_http=True).open(registry.host)
     data, media_type, _ = get_manifest(session, "imagebuild-test/by-lock", first.registry["digest"])
     config, layers, _ = parse_manifest(data, "the pushed manifest", media_type)
     artifact = get_manifest(session, "imagebuild-test/by-lock", report["registry"]["smoke"]["artifact"])
@@ -112,7 +111,7 @@ def test_push_of_an_image_built_from_a_lock_also_pushes_its_lock_tag_and_a_deriv
     smoke-tested) goes up under lock-<sha256> too, so the next runner's build --registry finds it; an
     image made FROM it carries the same label but is not the lock's image, and gets no lock tag."""
     repository = f"{registry.host}/imagebuild-test/push-lock"
-    target = RegistryTarget(repository, insecure_http=True)
+    target = RegistryTarget(repository, Connection(insecure_http=True))
     lock = read_lock(REPO / "lockfiles" / "cuda-toolchain.lock")
     ref = f"imagebuild-test/push-lock:{os.getpid()}"
     built = flows.build(RECIPE, engine, flows.BuildOptions(tag=ref))
@@ -137,7 +136,7 @@ def test_push_of_an_image_built_from_a_lock_also_pushes_its_lock_tag_and_a_deriv
                          "--json"]) == 0
         zstd = json.loads(capsys.readouterr().out)
         assert zstd["lock_tag"] == lock_tag(lock.sha256, "zstd") and zstd["digest"] != pushed["digest"]
-        assert find_by_lock(RegistryTarget(repository, insecure_http=True, compression="zstd"), lock.sha256) == \
+        assert find_by_lock(RegistryTarget(repository, Connection(insecure_http=True), compression="zstd"), lock.sha256) == \
             zstd["digest"]
         assert find_by_lock(target, lock.sha256) == pushed["digest"]
     finally:

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from imagebuild.flows import built
 from imagebuild.flows.by_lock import RegistryTarget, lock_tag, push_by_lock, reuse_by_lock
+from imagebuild.registry import Connection
 from imagebuild.image import compression, export, oci
 from imagebuild.image.compression import GZIP, ZSTD, CompressionError, decompress_bytes, decompressed
 from imagebuild.image.layout import layer_stream, read_image
@@ -250,8 +251,8 @@ def test_podman_pulls_the_pushed_zstd_image_from_the_loopback_registry_and_runs_
     _need("podman")
     layout = export.export_layout(engine, true_image, tmp_path / "layout", compression="zstd", cache=False)
     ref = f"{server.host}/team/zstd:1"
-    from imagebuild.registry.registry import push
-    report = push(tmp_path / "layout", ref, insecure_http=True)
+    from imagebuild.registry import push
+    report = push(tmp_path / "layout", ref, Connection(insecure_http=True))
     assert report.digest == layout.manifest_digest
     raw = registry_server.run("skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{ref}", text=False).stdout
     assert "sha256:" + hashlib.sha256(raw).hexdigest() == layout.manifest_digest
@@ -287,8 +288,8 @@ def podman_reads(podman: list[str], ref: str, layout: export.LayoutResult) -> No
 
 @pytest.mark.engine
 def test_build_by_lock_pushes_zstd_under_its_own_lock_tag_and_finds_it_again(engine, true_image, server, tmp_path):
-    zstd_target = RegistryTarget(f"{server.host}/team/by-lock", insecure_http=True, compression="zstd")
-    gzip_target = RegistryTarget(f"{server.host}/team/by-lock", insecure_http=True)
+    zstd_target = RegistryTarget(f"{server.host}/team/by-lock", Connection(insecure_http=True), compression="zstd")
+    gzip_target = RegistryTarget(f"{server.host}/team/by-lock", Connection(insecure_http=True))
     smoke = {"ok": True, "checks": [{"name": "true", "status": "pass"}]}
     hit = push_by_lock(engine, true_image, zstd_target, LOCK, "zstd-run", smoke)
     assert hit.lock_reference == f"{server.host}/team/by-lock:{lock_tag(LOCK, 'zstd')}"

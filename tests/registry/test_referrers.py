@@ -22,10 +22,9 @@ from imagebuild.flows.by_lock import (SMOKE_ARTIFACT, RegistryTarget, config_lab
                                       reuse_by_lock, tag_for_lock, vouch)
 from imagebuild.image.oci import MEDIA_CONFIG, MEDIA_LAYER_TAR, Descriptor, canonical_json, image_manifest, \
     write_blob, write_index
-from imagebuild.registry.auth import RegistryError
-from imagebuild.registry.client import RegistryClient
-from imagebuild.registry.referrers import attach, fallback_tag, get_manifest, read_artifact, referrers
-from imagebuild.registry.registry import push
+from imagebuild.registry import (Connection, PushOptions, RegistryClient, RegistryError, attach, get_manifest, push,
+                                 list_referrers, read_artifact)
+from imagebuild.registry.referrers import fallback_tag
 from tests import registry_server
 from tests.conftest import cannot_run
 
@@ -67,13 +66,14 @@ def tiny_layout(folder: Path, labels: dict[str, str], content: bytes) -> Path:
 def pushed(registry, tmp_path, name: str, labels: dict[str, str], *, tags=()) -> tuple[str, str]:
     """The tiny image pushed to imagebuild-test/proof:NAME (and tags): (its manifest digest, its config digest)."""
     layout = tiny_layout(tmp_path / name, labels, f"{name} {os.getpid()}\n".encode())
-    report = push(layout, f"{registry.host}/imagebuild-test/proof:{name}", insecure_http=True, also_tags=tags)
+    report = push(layout, f"{registry.host}/imagebuild-test/proof:{name}", Connection(insecure_http=True),
+                  PushOptions(also_tags=tags))
     data = json.loads((layout / "blobs" / "sha256" / report.digest.split(":")[1]).read_bytes())
     return report.digest, data["config"]["digest"]
 
 
 def client(registry) -> RegistryClient:
-    return RegistryClient(registry.host, insecure_http=True)
+    return RegistryClient(registry.host, Connection(insecure_http=True))
 
 
 def subject(registry, digest: str) -> Descriptor:
@@ -87,7 +87,7 @@ def test_an_attached_artifact_is_listed_by_the_fallback_tag_where_the_registry_h
     digest, _ = pushed(registry, tmp_path, "subject", {})
     session = client(registry)
     assert session.request("GET", f"/v2/imagebuild-test/proof/referrers/{digest}").status_code == 404  # 2.8 has none
-    assert referrers(session, "imagebuild-test/proof", digest) == []  # nothing attached yet: nothing listed
+    assert list_referrers(session, "imagebuild-test/proof", digest) == []  # nothing attached yet: nothing listed
 
     first = attach(session, "imagebuild-test/proof", subject(registry, digest), SMOKE_ARTIFACT, b'{"n": 1}',
                    {"io.imagebuild.smoke.ok": "true"})
@@ -99,8 +99,8 @@ def test_an_attached_artifact_is_listed_by_the_fallback_tag_where_the_registry_h
     index, media_type, _ = get_manifest(session, "imagebuild-test/proof", fallback_tag(digest))
     assert media_type == "application/vnd.oci.image.index.v1+json"
     assert [m["digest"] for m in json.loads(index)["manifests"]] == [first.digest, second.digest]
-    assert [d.digest for d in referrers(session, "imagebuild-test/proof", digest)] == [first.digest, second.digest]
-    listed = referrers(session, "imagebuild-test/proof", digest, SMOKE_ARTIFACT)
+    assert [d.digest for d in list_referrers(session, "imagebuild-test/proof", digest)] == [first.digest, second.digest]
+    listed = list_referrers(session, "imagebuild-test/proof", digest, SMOKE_ARTIFACT)
     assert [(d.digest, d.artifact_type, d.annotations) for d in listed] == [
         (first.digest, SMOKE_ARTIFACT, {"io.imagebuild.smoke.ok": "true"})]
     assert read_artifact(session, "imagebuild-test/proof", listed[0], digest) == b'{"n": 1}'
@@ -114,7 +114,7 @@ def test_an_attached_artifact_is_listed_by_the_fallback_tag_where_the_registry_h
 # ---------------------------------------------------------------- build by lock's proof
 
 def target(registry) -> RegistryTarget:
-    return RegistryTarget(f"{registry.host}/imagebuild-test/proof", insecure_http=True)
+    return RegistryTarget(f"{registry.host}/imagebuild-test/proof", Connection(insecure_http=True))
 
 
 def reuse(registry, lock: str = LOCK) -> tuple[object, list[str]]:
@@ -134,7 +134,7 @@ def test_a_lock_tag_with_this_lock_s_config_and_its_smoke_report_is_taken_with_i
     assert hit.smoke == smoke and smoke["ok"] is True
     assert smoke["checks"] == [{"name": "python", "status": "pass"}, {"name": "torch.cuda", "status": "skip"}]
     payload = json.loads(read_artifact(client(registry), "imagebuild-test/proof",
-                                       referrers(client(registry), "imagebuild-test/proof", digest)[0], digest))
+                                       list_referrers(client(registry), "imagebuild-test/proof", digest)[0], digest))
     assert payload == {"manifest": digest, "config": config, "lock_sha256": LOCK, "ok": True, "report": REPORT}
 
 

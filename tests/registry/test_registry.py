@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 from imagebuild.cli import app as cli
 from imagebuild.errors import ImagebuildError
 from imagebuild.image.layout import read_layout
-from imagebuild.registry import registry
+from imagebuild.registry import Connection, PushOptions, registry
 from imagebuild.registry.auth import (AuthFailed, Challenge, Credentials, CredentialsError, find_credentials,
                                       parse_docker_config, parse_upload_range, parse_www_authenticate,
                                       read_token, registry_key)
@@ -37,6 +38,8 @@ from tests.conftest import cannot_run
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 USERS = {"ci": "right-password"}
+
+LOCAL = Connection(insecure_http=True)  # the loopback registry servers speak plain HTTP
 
 
 def _require_tools():
@@ -150,18 +153,17 @@ def test_a_warm_push_sends_only_the_changed_layer(layouts, plain):
     try:
         ref = f"{proxy.host}/team/tiny:1"
         v1, v2 = read_layout(layouts["v1"]).image, read_layout(layouts["v2"]).image
-        cold = registry.push(layouts["v1"], ref, insecure_http=True, chunk_size=MiB)
+        cold = registry.push(layouts["v1"], ref, LOCAL, PushOptions(chunk_size=MiB))
         total = sum(b.size for b in v1.blobs)
         assert cold.bytes_sent == total and proxy.sent_upstream >= total
 
         proxy.reset_count()
-        again = registry.push(layouts["v1"], ref, insecure_http=True, chunk_size=MiB)
+        again = registry.push(layouts["v1"], ref, LOCAL, PushOptions(chunk_size=MiB))
         assert again.bytes_sent == 0 and {b.action for b in again.blobs} == {"exists"}
         assert proxy.sent_upstream < 20_000  # requests and the manifest, no blob bytes
 
         proxy.reset_count()
-        warm = registry.push(layouts["v2"], f"{proxy.host}/team/tiny:2", insecure_http=True,
-                             chunk_size=MiB)
+        warm = registry.push(layouts["v2"], f"{proxy.host}/team/tiny:2", LOCAL, PushOptions(chunk_size=MiB))
         changed = [b for b in v2.blobs if b.digest not in {old.digest for old in v1.blobs}]
         assert len(changed) == 2  # the last layer and the config that lists it
         assert warm.bytes_sent == sum(b.size for b in changed)
@@ -179,8 +181,8 @@ def test_an_upload_cut_before_a_chunk_resumes_from_the_registry_range(layouts, p
     proxy = Proxy(int(plain.host.rsplit(":", 1)[1]))
     try:
         proxy.arm(b"PATCH /v2/", occurrence=2)  # the connection drops as the 2nd chunk starts
-        report = registry.push(layouts["v1"], f"{proxy.host}/team/cut:1", insecure_http=True,
-                               chunk_size=MiB, backoff=0.01)
+        report = registry.push(layouts["v1"], f"{proxy.host}/team/cut:1", replace(LOCAL, backoff=0.01),
+                               PushOptions(chunk_size=MiB))
         assert proxy.fired
         big = max(report.blobs, key=lambda b: b.size)
         assert big.resumed_at == [MiB] and big.restarts == 0
@@ -197,8 +199,8 @@ def test_an_upload_cut_midway_through_a_chunk_still_completes(layouts, plain, tm
     proxy = Proxy(int(plain.host.rsplit(":", 1)[1]))
     try:
         proxy.arm(b"PATCH /v2/", occurrence=2, after=400_000)  # 400 kB of the 2nd chunk get through
-        report = registry.push(layouts["v1"], f"{proxy.host}/team/cut:1", insecure_http=True,
-                               chunk_size=MiB, backoff=0.2)
+        report = registry.push(layouts["v1"], f"{proxy.host}/team/cut:1", replace(LOCAL, backoff=0.2),
+                               PushOptions(chunk_size=MiB))
         assert proxy.fired
         big = max(report.blobs, key=lambda b: b.size)
         # distribution 2.8 drops an upload whose state no longer matches: we start it again;
@@ -217,8 +219,7 @@ def test_429_and_5xx_are_retried_with_backoff(layouts, plain, pattern, status):
     proxy = Proxy(int(plain.host.rsplit(":", 1)[1]))
     try:
         proxy.arm(pattern, status=status)
-        report = registry.push(layouts["v1"], f"{proxy.host}/team/retry:1", insecure_http=True,
-                               backoff=0.01)
+        report = registry.push(layouts["v1"], f"{proxy.host}/team/retry:1", replace(LOCAL, backoff=0.01))
         assert proxy.fired and report.retries == 1
         assert skopeo_manifest(plain, f"{plain.host}/team/retry:1")
     finally:
@@ -264,7 +265,7 @@ def test_credentials_from_the_docker_config_and_a_credential_helper(layouts, bas
     config.mkdir(parents=True)
     auth = base64.b64encode(f"ci:{USERS['ci']}".encode()).decode()
     (config / "config.json").write_text(json.dumps({"auths": {f"http://{basic.host}": {"auth": auth}}}))
-    assert registry.push(layouts["v1"], f"{basic.host}/team/a:1", insecure_http=True).digest
+    assert registry.push(layouts["v1"], f"{basic.host}/team/a:1", LOCAL).digest
 
     helpers = tmp_path / "bin"
     helpers.mkdir()
@@ -277,7 +278,7 @@ def test_credentials_from_the_docker_config_and_a_credential_helper(layouts, bas
     (config / "config.json").write_text(json.dumps(
         {"auths": {basic.host: {}}, "credHelpers": {basic.host: "imagebuildtest"}}))
     assert find_credentials(basic.host).source == "docker-credential-imagebuildtest"
-    assert registry.push(layouts["v2"], f"{basic.host}/team/b:1", insecure_http=True).digest
+    assert registry.push(layouts["v2"], f"{basic.host}/team/b:1", LOCAL).digest
     (config / "config.json").write_text(json.dumps({"credsStore": "imagebuildtest"}))
     assert find_credentials(basic.host).username == "ci"
     assert find_credentials("127.0.0.1:1").anonymous  # the store knows nothing of that one
@@ -290,13 +291,11 @@ def test_bearer_tokens_and_cross_repository_mounts(layouts, tmp_path, capsys, mo
     server = start_registry(tmp_path / "bearer", token=tokens, users=USERS)
     try:
         creds = Credentials("ci", USERS["ci"], source="test")
-        first = registry.push(layouts["v1"], f"{server.host}/team/one:1", credentials=creds,
-                              insecure_http=True)
+        first = registry.push(layouts["v1"], f"{server.host}/team/one:1", replace(LOCAL, credentials=creds))
         assert {b.action for b in first.blobs} == {"uploaded"}
         assert "repository:team/one:pull,push" in tokens.requests[-1]["scope"]
         # the blob cache remembers team/one, so a push to team/two mounts every blob
-        second = registry.push(layouts["v1"], f"{server.host}/team/two:1", credentials=creds,
-                               insecure_http=True)
+        second = registry.push(layouts["v1"], f"{server.host}/team/two:1", replace(LOCAL, credentials=creds))
         assert {(b.action, b.mounted_from) for b in second.blobs} == {("mounted", "team/one")}
         assert second.bytes_sent == 0
         assert "repository:team/one:pull" in tokens.requests[-1]["scope"]
@@ -381,17 +380,17 @@ def test_an_engine_image_is_exported_then_pushed(layouts, plain, capsys):
 def test_layout_errors_name_the_problem(layouts, tmp_path):
     """skopeo's layout, damaged: push refuses it with what is wrong, before anything is sent."""
     with pytest.raises(ImagebuildError, match="not an OCI image layout"):
-        registry.push(tmp_path, "127.0.0.1:9/x/y:1", insecure_http=True)
+        registry.push(tmp_path, "127.0.0.1:9/x/y:1", LOCAL)
     broken = tmp_path / "broken"
     shutil.copytree(layouts["v1"], broken)
     image = read_layout(broken).image
     image.blobs[-1].path.unlink()
     with pytest.raises(ImagebuildError, match=f"blob {image.blobs[-1].digest} is missing"):
-        registry.push(broken, "127.0.0.1:9/x/y:1", insecure_http=True)
+        registry.push(broken, "127.0.0.1:9/x/y:1", LOCAL)
     manifest = broken / "blobs" / "sha256" / image.digest[7:]
     manifest.write_bytes(manifest.read_bytes().replace(b"schemaVersion", b"schemaversion"))
     with pytest.raises(ImagebuildError, match=f"blob {image.digest} does not match its digest"):
-        registry.push(broken, "127.0.0.1:9/x/y:1", insecure_http=True)
+        registry.push(broken, "127.0.0.1:9/x/y:1", LOCAL)
     with pytest.raises(ImagebuildError, match="names no registry host"):
         push_source.parse_reference("ubuntu:24.04")
 

@@ -11,6 +11,7 @@ import pytest
 
 from imagebuild import flows
 from imagebuild.engine.contract import BuildCache
+from imagebuild.registry import Connection
 from imagebuild.engine.docker import DockerEngine
 from imagebuild.image.export import BUILDKIT_CACHE_KEY
 from tests.flows.test_build import _copy_recipe
@@ -29,7 +30,8 @@ def test_a_fresh_runner_takes_unchanged_layers_from_the_cache_and_installs_only_
     first_ref = f"imagebuild-test/cache-first:{pid}"
     try:
         first = flows.build(recipe, engine, flows.BuildOptions(tag=first_ref, rebuild=True,
-                               cache=BuildCache(target=cache_ref, insecure_http=True)))
+                               cache=BuildCache(target=cache_ref, insecure_http=True),
+                               connection=Connection(insecure_http=True)))
     finally:
         engine.remove(first_ref)
     assert first.cache == {"from": [], "to": cache_ref, "digest": first.cache["digest"], "written_by": "imagebuild"}
@@ -44,7 +46,8 @@ def test_a_fresh_runner_takes_unchanged_layers_from_the_cache_and_installs_only_
     downloads = len(blob_gets(registry))
     started = time.monotonic()
     second = flows.build(bumped, runner, flows.BuildOptions(tag=f"imagebuild-test/cache-bumped:{pid}",
-                            cache=BuildCache(sources=(absent, cache_ref), insecure_http=True)))
+                            cache=BuildCache(sources=(absent, cache_ref), insecure_http=True),
+                            connection=Connection(insecure_http=True)))
     with_cache = time.monotonic() - started
     layers = runner.inspect(second.image_id).diff_ids
     # Every layer below the probe's files (which carry the lock) is the cache's own, pulled, not rebuilt:

@@ -28,7 +28,7 @@ from imagebuild.image.oci import blob_path
 from imagebuild.flows.kernels import KernelStepWatch
 from imagebuild.lock import read_lock, uv_binary
 from imagebuild.flows import ca_bundle
-from imagebuild.registry.registry import push
+from imagebuild.registry import Connection, PushOptions, push
 from imagebuild.recipe.model import load_recipe
 from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, render_context
 from imagebuild.render.paths import OWN_STEP
@@ -210,11 +210,11 @@ def test_an_empty_kernel_cache_takes_the_kernels_of_the_registry_build_cache(eng
     image_id = None
     try:
         target = f"{server.host}/team/flashinfer-aot:buildcache"
-        push(newest_layout.path, target, insecure_http=True, remember=False)
+        push(newest_layout.path, target, Connection(insecure_http=True), PushOptions(remember=False))
         missing = f"{server.host}/team/flashinfer-aot:buildcache-none"  # a first run's reference: skipped
         seeded = flows.seed_kernels(read_lock(Path(first.lock_path)),
                                        BuildCache(sources=(missing, target), insecure_http=True), engine, None,
-                                       mount=mount)
+                                       mount=mount, connection=Connection(insecure_http=True))
         assert seeded["source"] == target and seeded["flashinfer"] == 1 and not seeded["refused"], seeded
         assert seeded["added"] == {"flashinfer": 1, "sglang": 0, "present": 0, "refused": 0}, seeded
         assert [t["source"] for t in seeded["tried"]] == [missing] and "no image" in seeded["tried"][0]["why"]

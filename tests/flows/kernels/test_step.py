@@ -1,4 +1,4 @@
-"""What the [aot] kernel step did, read from build output (imagebuild/flows/kernels.py): the step's own line as
+"""What the [aot] kernel step did, read from build output (imagebuild/flows/kernels/step.py): the step's own line as
 BuildKit and buildah print it, lines that only look like it, and any text at all without a traceback."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild.flows.kernels import KernelStepWatch, parse_progress, parse_seeded, parse_stats, progress_text, summary
+from imagebuild.flows.kernels.step import KernelStepWatch, parse_progress, parse_seeded, parse_stats, progress_text, summary
 from imagebuild.payload.probe.compile_resume import PROGRESS_MARK
 from imagebuild.payload.probe.kernel_cache import SEED_MARK
 from imagebuild.payload.probe.kernels_aot import STATS_MARK

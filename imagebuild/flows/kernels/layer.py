@@ -6,7 +6,8 @@ image path, and the step's manifest, which gives each FlashInfer module the key 
 The next runner names the reference in --cache-from; its engine's kernel cache mount is empty, so when a
 layer below the step changed the step would compile everything again. Instead, this module reads that
 one layer from the registry (megabytes, where the image is gigabytes) and lays its kernels out as kernel
-cache entries (payload/probe/kernel_cache.py's layout), which imagebuild.flows.kernels puts into the mount.
+cache entries (payload/probe/kernel_cache.py's layout), which seed.py puts into the mount. What it asks the
+registry (the image's manifest for this platform, its config, that layer's blob) it asks through registry/.
 
 Everything read here is outside input: a reference with no such image, an image without a kernel layer, a
 layer whose manifest or files do not match what they claim, give a `KernelLayer` with `why` said and no
@@ -29,12 +30,9 @@ from pathlib import Path
 from imagebuild.common import Progress, quiet, write_atomic
 from imagebuild.errors import ImagebuildError
 from imagebuild.image.compression import ZSTD_MAGIC, CompressionError, decompress_bytes
-from imagebuild.image.oci import DOCKER_LIST, DOCKER_MANIFEST, MEDIA_INDEX, MEDIA_MANIFEST
-from imagebuild.registry.push_source import parse_reference
-from imagebuild.registry.auth import RegistryError
-from imagebuild.registry.client import RegistryClient, describe
+from imagebuild.image.oci import Descriptor, LayoutError, load_json, parse_descriptor, parse_manifest
+from imagebuild.registry import Connection, RegistryClient, get_blob, parse_reference, platform_manifest
 
-ACCEPT = ", ".join((MEDIA_MANIFEST, DOCKER_MANIFEST, MEDIA_INDEX, DOCKER_LIST))
 LAYER_LIMIT = 1 << 30  # a kernel layer larger than this is not read (the flagship's is about 11 MB)
 STEP_MARK = "kernels_aot.py build"  # what the [aot] step's history entry (`created_by`) says
 _NAME = re.compile(r"[A-Za-z0-9_.+-]{1,200}")
@@ -63,26 +61,25 @@ class KernelLayer:
 
 
 def read_kernel_layer(source: str, out_dir: Path, *, manifest_path: str, platform: str = "linux/amd64",
-                      ca_cert: str | None = None, insecure_http: bool = False,
-                      progress: Progress = quiet) -> KernelLayer:
+                      connection: Connection = Connection(), progress: Progress = quiet) -> KernelLayer:
     """The [aot] layer of the image at `source` (HOST/REPO:TAG), laid out under out_dir as kernel cache entries."""
     result = KernelLayer(source)
     try:
         ref = parse_reference(source)
-        client = RegistryClient(ref.registry, ca_cert=ca_cert, insecure_http=insecure_http, progress=progress)
-        client.ping([f"repository:{ref.repository}:pull"])
-        manifest = _image_manifest(client, ref.repository, ref.digest or ref.tag or "latest", platform)
+        client = connection.open(ref.registry, [f"repository:{ref.repository}:pull"], progress)
+        where = ref.digest or ref.tag or "latest"
+        manifest = platform_manifest(client, ref.repository, where, platform)
         if manifest is None:
             result.why = "the registry has no image there (a first run has none)"
             return result
-        layer = _kernel_layer(client, ref.repository, manifest)
+        layer = _kernel_layer(client, ref.repository, manifest[0], f"{ref.repository}@{manifest[2]}")
         if isinstance(layer, str):
             result.why = layer
             return result
-        result.digest, size = layer["digest"], layer["size"]
-        blob = _blob(client, ref.repository, result.digest, size)
+        result.digest = layer.digest
+        blob = get_blob(client, ref.repository, layer, LAYER_LIMIT)
         result.bytes = len(blob)
-    except (ImagebuildError, RegistryError) as err:
+    except ImagebuildError as err:
         result.why = str(err)
         return result
     return lay_out(blob, out_dir, manifest_path, result)
@@ -103,47 +100,15 @@ def lay_out(blob: bytes, out_dir: Path, manifest_path: str, result: KernelLayer)
     return result
 
 
-def _get_json(client: RegistryClient, path: str, accept: str | None = None, digest: str | None = None):
-    response = client.request("GET", path, headers={"Accept": accept} if accept else None)
-    if response.status_code == 404:
-        return None
-    if response.status_code != 200:
-        raise RegistryError(f"{client.registry}: GET {path} gave {describe(response)}")
-    if digest and "sha256:" + hashlib.sha256(response.content).hexdigest() != digest:
-        raise RegistryError(f"{client.registry}: {path} is not the bytes of {digest}")
+def _kernel_layer(client: RegistryClient, repository: str, data: bytes, where: str) -> Descriptor | str:
+    """The descriptor of the layer the [aot] step made, of the image manifest `data`; else why not."""
     try:
-        return json.loads(response.content)
-    except ValueError:
-        raise RegistryError(f"{client.registry}: {path} is not JSON") from None
-
-
-def _image_manifest(client: RegistryClient, repository: str, what: str, platform: str) -> dict | None:
-    """The image manifest at `what`; for an index, its manifest for `platform`."""
-    manifest = _get_json(client, f"/v2/{repository}/manifests/{what}", ACCEPT)
-    if manifest is None:
-        return None
-    if not isinstance(manifest, dict):
-        raise RegistryError(f"{client.registry}: the manifest of {repository}:{what} is not an object")
-    if isinstance(manifest.get("manifests"), list):
-        os_name, _, arch = platform.partition("/")
-        for entry in manifest["manifests"]:
-            wanted = entry.get("platform") if isinstance(entry, dict) else None
-            if isinstance(wanted, dict) and (wanted.get("os"), wanted.get("architecture")) == (os_name, arch.split("/")[0]):
-                digest = entry.get("digest")
-                if isinstance(digest, str) and digest.startswith("sha256:"):
-                    return _image_manifest(client, repository, digest, platform)
-        raise RegistryError(f"{repository}:{what} is an index with no image for {platform}")
-    return manifest
-
-
-def _kernel_layer(client: RegistryClient, repository: str, manifest: dict) -> dict | str:
-    """The descriptor of the layer the [aot] step made; else why not."""
-    config_desc = manifest.get("config")
-    if not isinstance(config_desc, dict) or not isinstance(config_desc.get("digest"), str) or \
-            not config_desc["digest"].startswith("sha256:"):
-        return "its manifest names no config (not an image manifest)"
-    config = _get_json(client, f"/v2/{repository}/blobs/{config_desc['digest']}", digest=config_desc["digest"])
-    return find_kernel_layer(manifest, config)
+        config_desc, _, _ = parse_manifest(data, where)
+    except LayoutError as err:
+        return f"it is not an image manifest: {err}"
+    config = load_json(get_blob(client, repository, config_desc), f"{where} config {config_desc.digest}")
+    layer = find_kernel_layer(load_json(data, where), config)
+    return layer if isinstance(layer, str) else parse_descriptor(layer, f"{where} kernel layer")
 
 
 def find_kernel_layer(manifest, config) -> dict | str:
@@ -168,16 +133,6 @@ def find_kernel_layer(manifest, config) -> dict | str:
     if layer["size"] > LAYER_LIMIT:
         return f"its kernel layer is {layer['size']} bytes, over the {LAYER_LIMIT} this reads"
     return layer
-
-
-def _blob(client: RegistryClient, repository: str, digest: str, size: int) -> bytes:
-    response = client.request("GET", f"/v2/{repository}/blobs/{digest}")
-    if response.status_code != 200:
-        raise RegistryError(f"{client.registry}: GET of blob {digest} gave {describe(response)}")
-    data = response.content
-    if len(data) != size or "sha256:" + hashlib.sha256(data).hexdigest() != digest:
-        raise RegistryError(f"{client.registry}: blob {digest} is not the {size} bytes it is named for")
-    return data
 
 
 def _member_name(name: str) -> str:

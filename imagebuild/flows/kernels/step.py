@@ -4,30 +4,18 @@ how many it took from the kernel cache, and the seconds its compiles took. The s
 and then nothing compiled and every kernel of the image came with the cached layer. While it runs, it prints
 a line per module reused, and per module compiling each time its finished objects change
 (compile_resume.PROGRESS_MARK): the build shows each as a line of its own, and its report keeps the last.
-
-A fresh runner's engine starts with an empty kernel cache mount: `seed_engine` fills it, before the build,
-from a folder of cache entries (kernel_layer.py reads them out of a registry build cache), by a
-small build of its own (kernel-seed.Dockerfile.j2) that mounts the same cache.
+Also the seed build's one line of counts (seed.py).
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-import shutil
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
-
-import jinja2
 
 from imagebuild.common import Progress, announce, quiet
-from imagebuild.errors import ImagebuildError
 from imagebuild.payload.probe import kernel_cache
 from imagebuild.payload.probe.compile_resume import PROGRESS_MARK
 from imagebuild.payload.probe.kernels_aot import STATS_MARK
-
-SEED_TEMPLATE = Path(__file__).resolve().parent / "kernel-seed.Dockerfile.j2"
 
 COUNTS = ("compiled", "reused", "jobs")
 STATES = ("reused", "compiling", "compiled")
@@ -175,33 +163,3 @@ def parse_seeded(line: str) -> dict | None:
     """The seed build's counts from one line of its output, or None."""
     value = _marked_counts(line, kernel_cache.SEED_MARK, SEED_COUNTS)
     return {k: value[k] for k in SEED_COUNTS} if value is not None else None
-
-
-def seed_engine(engine, entries: Path, *, base_ref: str, python: str, platform: str | None = None,
-                cache_id: str = kernel_cache.MOUNT_ID, cache_dir: str = kernel_cache.MOUNT_DIR,
-                progress: Progress = quiet) -> dict:
-    """Add the cache entries under `entries` to the engine's kernel cache mount; returns what was added
-    (flashinfer, sglang), already there (present) and refused. The build's image is removed."""
-    context = Path(tempfile.mkdtemp(prefix="imagebuild-kernel-seed-"))
-    try:
-        template = jinja2.Template(SEED_TEMPLATE.read_text(), undefined=jinja2.StrictUndefined, autoescape=False)
-        (context / "Dockerfile").write_text(template.render(base_ref=base_ref, python=python, cache_id=cache_id,
-                                                            cache_dir=cache_dir) + "\n")
-        shutil.copyfile(kernel_cache.__file__, context / "kernel_cache.py")
-        shutil.copytree(entries, context / "entries")
-        (context / "run").write_text(secrets.token_hex(16))  # runs every time: the mount may have lost entries
-        found: list = []
-
-        def watch(line: str) -> None:
-            counts = parse_seeded(line)
-            if counts is not None:
-                found.append(counts)
-            progress(line)
-
-        image = engine.build(context, progress=watch, platform=platform)
-        engine.remove(image)
-    finally:
-        shutil.rmtree(context, ignore_errors=True)
-    if not found:
-        raise ImagebuildError("the kernel seed build printed no counts: its output was not the seed script's")
-    return found[-1]

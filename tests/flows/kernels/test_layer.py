@@ -1,4 +1,4 @@
-"""Reading a registry build cache's kernel layer (flows/kernel_layer.py): which layer, what is taken from it,
+"""Reading a registry build cache's kernel layer (flows/kernels/layer.py): which layer, what is taken from it,
 and that no reply, config or tar stream ends in a traceback. The positive path on a real [aot] image pushed
 to a real registry is tests/slow/test_zero_jit_releases.py (an empty kernel cache seeded, nothing compiled)."""
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from imagebuild.flows.kernel_layer import KernelLayer, STEP_MARK, find_kernel_layer, lay_out, read_kernel_layer
+from imagebuild.flows.kernels.layer import KernelLayer, STEP_MARK, find_kernel_layer, lay_out, read_kernel_layer
+from imagebuild.registry import Connection
 from tests.conftest import cannot_run
 from tests.json_fuzz import json_values, replace_one_field
 from tests.registry_server import start_registry
@@ -161,10 +162,10 @@ def test_a_reference_with_no_image_yet_is_a_first_run_not_an_error(tmp_path):
     server = start_registry(tmp_path / "registry")
     try:
         result = read_kernel_layer(f"{server.host}/team/none:buildcache", tmp_path / "out", manifest_path=MANIFEST,
-                                   insecure_http=True)
+                                   connection=Connection(insecure_http=True))
         assert "no image" in result.why and not result.entries
     finally:
         server.stop()
     gone = read_kernel_layer(f"{server.host}/team/none:buildcache", tmp_path / "out", manifest_path=MANIFEST,
-                             insecure_http=True)
+                             connection=Connection(insecure_http=True))
     assert gone.why and not gone.entries  # the registry went away: a reason, and a cold build
