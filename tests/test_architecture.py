@@ -68,10 +68,14 @@ def from_module(node: ast.ImportFrom, path: Path, root: Path = PACKAGE) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[str, int]]:
+def imports_of(path: Path, root: Path = PACKAGE, faces: bool = False) -> list[tuple[str, int]]:
     """(absolute module imported, line) for every import statement in the file, relative ones resolved.
-    `from X import name` counts as X.name when that is a module of ours, else as X."""
+    `from X import name` counts as X.name when that is a module of ours, else as X. With faces, every
+    package's __init__ the import runs counts too: X itself for `from X import module` (the name is
+    looked up on X's face first), and each package above the module imported that does not hold this file
+    (`import a.b.c` runs a/__init__ and a/b/__init__ first)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    here = module_name(path, root)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -81,6 +85,13 @@ def imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[str, int]]:
             for alias in node.names:
                 candidate = f"{module}.{alias.name}"
                 found.append((candidate if is_our_module(candidate, root) else module, node.lineno))
+                if faces and is_our_module(candidate, root):
+                    found.append((module, node.lineno))
+    if faces:
+        parents = {(".".join(module.split(".")[:end]), line) for module, line in found
+                   for end in range(2, module.count(".") + 1)}
+        found += sorted((parent, line) for parent, line in parents
+                        if not (here == parent or here.startswith(parent + ".")))
     return found
 
 
@@ -181,11 +192,12 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def module_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the modules of ours it imports (a package's __init__ is a module too)."""
+    """Module -> the modules of ours it imports, a package's __init__ (its face) a module too: an import
+    through a face depends on everything the face imports."""
     graph = {}
     for path in sources(root):
         name = module_name(path, root)
-        graph[name] = {m for m, _ in imports_of(path, root) if is_our_module(m, root) and m != name}
+        graph[name] = {m for m, _ in imports_of(path, root, faces=True) if is_our_module(m, root) and m != name}
     return graph
 
 
@@ -368,6 +380,29 @@ def test_a_cycle_through_a_lazy_import_is_found(tmp_path):
                             "image/oci.py": "from imagebuild.bases import x\n"})
     assert cycles(module_graph(root)) == [["imagebuild.bases", "imagebuild.engine", "imagebuild.image.oci"]]
     assert cycles(stage_graph(root)) == [["bases", "engine", "image"]]
+
+
+@pytest.mark.parametrize("files, cycle", [
+    ({"pkg/__init__.py": "from imagebuild.pkg.a import f\n", "pkg/a.py": "from imagebuild.pkg import b\n",
+      "pkg/b.py": ""}, ["imagebuild.pkg", "imagebuild.pkg.a"]),
+    ({"pkg/__init__.py": "from imagebuild.pkg.a import f\n", "pkg/a.py": "from . import b\n", "pkg/b.py": ""},
+     ["imagebuild.pkg", "imagebuild.pkg.a"]),
+    ({"pkg/__init__.py": "from imagebuild.pkg.a import f\n", "pkg/a.py": "import imagebuild.other\n",
+      "other.py": "from imagebuild.pkg.b import g\n", "pkg/b.py": ""},
+     ["imagebuild.other", "imagebuild.pkg", "imagebuild.pkg.a"]),
+])
+def test_a_cycle_through_a_package_face_is_found(tmp_path, files, cycle):
+    """A sibling imported through its package's face (`from imagebuild.pkg import b`, `from . import b`), or a
+    module of the package imported from outside it, runs the face, which imports the importer."""
+    root = _tree(tmp_path, files)
+    assert cycles(module_graph(root)) == [cycle]
+
+
+def test_siblings_imported_directly_make_no_cycle(tmp_path):
+    root = _tree(tmp_path, {"pkg/__init__.py": "from imagebuild.pkg.a import f\n",
+                            "pkg/a.py": "from imagebuild.pkg.b import g\nimport imagebuild.pkg.c as c\n",
+                            "pkg/b.py": "from .c import h\n", "pkg/c.py": ""})
+    assert cycles(module_graph(root)) == []
 
 
 ENGINE_INIT = 'ENGINES = {"docker": "imagebuild.engine.docker:DockerEngine", "buildah": "imagebuild.engine.buildah:B"}\n'
