@@ -24,17 +24,15 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "imagebuild"
 
 # Stage -> the stages it may import ("" is imagebuild/__init__.py: the version). errors and common
-# are the low modules every stage may use; they import nothing of ours. knowledge/ is two layers, each
-# its row (SUBSTAGES): the facts (cuda, facts, finding) below recipe, and the rules above it, since a
-# recipe is what they judge; recipe imports the facts, never the rules.
+# are the low modules every stage may use; they import nothing of ours. recipe/ is a leaf of plain types
+# (the CUDA vocabulary included); knowledge/ sits above it, since a recipe is what its rules judge.
 LOW = {"", "errors", "common"}
 ALLOWED = {
     "errors": set(),
     "common": set(),
     "payload": set(),
-    "knowledge": LOW,
-    "recipe": LOW | {"knowledge"},
-    "knowledge.rules": LOW | {"knowledge", "recipe"},
+    "recipe": LOW,
+    "knowledge": LOW | {"payload", "recipe"},
     "engine": LOW,
     "base": LOW,
     "bootstrap": LOW | {"base", "engine", "recipe"},
@@ -43,14 +41,12 @@ ALLOWED = {
     "image": LOW | {"engine", "lock", "render"},
     "registry": LOW | {"image"},
     "lxc": LOW | {"engine", "image"},
-    "flows": LOW | {"base", "bootstrap", "engine", "image", "knowledge", "knowledge.rules", "lock", "payload", "recipe",
-                    "registry", "render"},
-    "adopt": LOW | {"base", "engine", "knowledge", "knowledge.rules", "lock", "payload", "recipe"},
-    "cli": LOW | {"adopt", "base", "bootstrap", "engine", "flows", "image", "knowledge", "knowledge.rules", "lock",
-                  "lxc", "payload", "recipe", "registry", "render"},
+    "flows": LOW | {"base", "bootstrap", "engine", "image", "knowledge", "lock", "payload", "recipe", "registry",
+                    "render"},
+    "adopt": LOW | {"base", "engine", "knowledge", "lock", "payload", "recipe"},
+    "cli": LOW | {"adopt", "base", "bootstrap", "engine", "flows", "image", "knowledge", "lock", "lxc",
+                  "payload", "recipe", "registry", "render"},
 }
-# A module or package that is a stage of its own although it sits inside another stage's package.
-SUBSTAGES = {"knowledge.rules"}
 
 
 def module_name(path: Path, root: Path = PACKAGE) -> str:
@@ -73,10 +69,14 @@ def from_module(node: ast.ImportFrom, path: Path, root: Path = PACKAGE) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[str, int]]:
+def imports_of(path: Path, root: Path = PACKAGE, faces: bool = False) -> list[tuple[str, int]]:
     """(absolute module imported, line) for every import statement in the file, relative ones resolved.
-    `from X import name` counts as X.name when that is a module of ours, else as X."""
+    `from X import name` counts as X.name when that is a module of ours, else as X. With faces, every
+    package's __init__ the import runs counts too: X itself for `from X import module` (the name is
+    looked up on X's face first), and each package above the module imported that does not hold this file
+    (`import a.b.c` runs a/__init__ and a/b/__init__ first)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    here = module_name(path, root)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -86,6 +86,13 @@ def imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[str, int]]:
             for alias in node.names:
                 candidate = f"{module}.{alias.name}"
                 found.append((candidate if is_our_module(candidate, root) else module, node.lineno))
+                if faces and is_our_module(candidate, root):
+                    found.append((module, node.lineno))
+    if faces:
+        parents = {(".".join(module.split(".")[:end]), line) for module, line in found
+                   for end in range(2, module.count(".") + 1)}
+        found += sorted((parent, line) for parent, line in parents
+                        if not (here == parent or here.startswith(parent + ".")))
     return found
 
 
@@ -100,15 +107,10 @@ def sources(root: Path = PACKAGE) -> list[Path]:
     return sorted(root.rglob("*.py"))
 
 
-def stage_of(module: str, substages: set[str] = SUBSTAGES) -> str:
-    """imagebuild.lock.resolve -> lock; imagebuild.flows.build -> flows; imagebuild -> '';
-    imagebuild.knowledge.rules -> knowledge.rules (a substage). `python -m imagebuild` (__main__) is
-    the command line's entry."""
+def stage_of(module: str) -> str:
+    """imagebuild.lock.resolve -> lock; imagebuild.flows.build -> flows; imagebuild -> ''.
+    `python -m imagebuild` (__main__) is the command line's entry."""
     parts = module.split(".")
-    for substage in substages:
-        depth = substage.count(".") + 2
-        if ".".join(parts[1:depth]) == substage:
-            return substage
     stage = parts[1] if len(parts) > 1 else ""
     return "cli" if stage == "__main__" else stage
 
@@ -191,11 +193,12 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def module_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the modules of ours it imports (a package's __init__ is a module too)."""
+    """Module -> the modules of ours it imports, a package's __init__ (its face) a module too: an import
+    through a face depends on everything the face imports."""
     graph = {}
     for path in sources(root):
         name = module_name(path, root)
-        graph[name] = {m for m, _ in imports_of(path, root) if is_our_module(m, root) and m != name}
+        graph[name] = {m for m, _ in imports_of(path, root, faces=True) if is_our_module(m, root) and m != name}
     return graph
 
 
@@ -282,8 +285,9 @@ def test_only_cli_imports_the_flows():
 
 def test_recipe_and_knowledge_import_no_engine_registry_or_cli_code():
     graph = stage_graph()
-    assert {"knowledge", "knowledge.rules"} <= set(graph)  # both layers were read: absent ones would pass
-    for stage in ("recipe", "knowledge", "knowledge.rules"):
+    assert {"knowledge", "recipe"} <= set(graph)  # both were read: absent ones would pass
+    assert "recipe" in graph["knowledge"]  # the rules judge a recipe
+    for stage in ("recipe", "knowledge"):
         assert not graph.get(stage, set()) & {"engine", "registry", "lxc", "image", "cli", "flows", "bootstrap"}, stage
 
 
@@ -379,6 +383,29 @@ def test_a_cycle_through_a_lazy_import_is_found(tmp_path):
     assert cycles(stage_graph(root)) == [["bases", "engine", "image"]]
 
 
+@pytest.mark.parametrize("files, cycle", [
+    ({"pkg/__init__.py": "from imagebuild.pkg.a import f\n", "pkg/a.py": "from imagebuild.pkg import b\n",
+      "pkg/b.py": ""}, ["imagebuild.pkg", "imagebuild.pkg.a"]),
+    ({"pkg/__init__.py": "from imagebuild.pkg.a import f\n", "pkg/a.py": "from . import b\n", "pkg/b.py": ""},
+     ["imagebuild.pkg", "imagebuild.pkg.a"]),
+    ({"pkg/__init__.py": "from imagebuild.pkg.a import f\n", "pkg/a.py": "import imagebuild.other\n",
+      "other.py": "from imagebuild.pkg.b import g\n", "pkg/b.py": ""},
+     ["imagebuild.other", "imagebuild.pkg", "imagebuild.pkg.a"]),
+])
+def test_a_cycle_through_a_package_face_is_found(tmp_path, files, cycle):
+    """A sibling imported through its package's face (`from imagebuild.pkg import b`, `from . import b`), or a
+    module of the package imported from outside it, runs the face, which imports the importer."""
+    root = _tree(tmp_path, files)
+    assert cycles(module_graph(root)) == [cycle]
+
+
+def test_siblings_imported_directly_make_no_cycle(tmp_path):
+    root = _tree(tmp_path, {"pkg/__init__.py": "from imagebuild.pkg.a import f\n",
+                            "pkg/a.py": "from imagebuild.pkg.b import g\nimport imagebuild.pkg.c as c\n",
+                            "pkg/b.py": "from .c import h\n", "pkg/c.py": ""})
+    assert cycles(module_graph(root)) == []
+
+
 ENGINE_INIT = 'ENGINES = {"docker": "imagebuild.engine.docker:DockerEngine", "buildah": "imagebuild.engine.buildah:B"}\n'
 
 
@@ -446,26 +473,24 @@ def test_in_image_paths_read_from_render_pass(tmp_path):
     assert in_image_path_violations(root) == []
 
 
-# ---------------------------------------------------------------- knowledge's two layers
+# ---------------------------------------------------------------- knowledge above recipe
 
 @pytest.mark.parametrize("files, expected", [
     ({"recipe/model.py": "from imagebuild.knowledge.rules import check_recipe\n"},
      "imagebuild/recipe/model.py:1: recipe imports imagebuild.knowledge.rules"),
-    ({"knowledge/facts.py": "def f():\n    from imagebuild.recipe import model\n"},
-     "imagebuild/knowledge/facts.py:2: knowledge imports imagebuild.recipe.model"),
-    ({"knowledge/__init__.py": "from imagebuild.knowledge.rules import check_recipe\n"},
-     "imagebuild/knowledge/__init__.py:1: knowledge imports imagebuild.knowledge.rules"),
+    ({"recipe/model.py": "def f():\n    from imagebuild.knowledge.facts import load_facts\n"},
+     "imagebuild/recipe/model.py:2: recipe imports imagebuild.knowledge.facts"),
 ])
-def test_the_facts_layer_importing_the_rules_or_recipe_is_reported(tmp_path, files, expected):
-    root = _tree(tmp_path, {"knowledge/rules.py": "from imagebuild.recipe.model import Recipe\n",
-                            "knowledge/facts.py": "", "recipe/model.py": "from imagebuild.knowledge.facts import x\n",
-                            **files})
+def test_recipe_importing_knowledge_is_reported(tmp_path, files, expected):
+    root = _tree(tmp_path, {"knowledge/rules/recipe.py": "from imagebuild.recipe.model import Recipe\n",
+                            "knowledge/facts.py": "", "recipe/model.py": "", **files})
     assert stage_violations(root) == [expected]
 
 
-def test_rules_may_import_the_facts_and_recipe(tmp_path):
-    root = _tree(tmp_path, {"knowledge/rules.py": "from imagebuild.recipe.model import Recipe\n"
-                                                  "from imagebuild.knowledge.facts import x\n",
-                            "knowledge/facts.py": "x = 1\n", "recipe/model.py": "from imagebuild.knowledge import facts\n"})
+def test_knowledge_may_import_recipe(tmp_path):
+    root = _tree(tmp_path, {"knowledge/rules/recipe.py": "from imagebuild.recipe.model import Recipe\n"
+                                                         "from imagebuild.knowledge.facts import x\n",
+                            "knowledge/facts.py": "from imagebuild.recipe.cuda import Arch\n",
+                            "recipe/model.py": "from imagebuild.recipe.cuda import Arch\n", "recipe/cuda.py": ""})
     assert stage_violations(root) == []
     assert cycles(stage_graph(root)) == []

@@ -22,8 +22,8 @@ from packaging.version import InvalidVersion, Version
 from imagebuild.adopt.inventory import AdoptError, Installed, Inventory
 from imagebuild.adopt.requires import dependents, needs_of, required, top_level
 from imagebuild.common import MACHINES, host_arch
-from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
 from imagebuild.knowledge.facts import load_facts
+from imagebuild.recipe.cuda import Arch, CudaVersion, parse_driver
 
 # What `python -m venv` (ensurepip) puts into every environment: left out when nothing requires them,
 # since the image's venv has no installer inside.

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from imagebuild.knowledge import has_errors, rules
 from imagebuild.knowledge.facts import debian_suite
-from imagebuild.adopt import inventory as inv
+import imagebuild.adopt.inventory as inv  # not via the package's face, which imports this module
 from imagebuild.adopt.inventory import AdoptError, Inventory
 from imagebuild.adopt.patches import PatchFile, Unpatched, make_patches, missing_files
 from imagebuild.adopt.plan import AdoptOptions, Plan, plan_recipe, without

@@ -22,7 +22,7 @@ from imagebuild.common import Progress, cache_dir, host_arch, platform_name, qui
 from imagebuild.engine import BuildCache, Engine
 from imagebuild.engine.contract import split_ref
 from imagebuild.errors import BuildFailed, ImagebuildError
-from imagebuild.flows import built
+import imagebuild.flows.built as built  # not via the package's face, which imports this module
 from imagebuild.flows.build_cache import push_build_cache
 from imagebuild.flows.by_lock import RegistryTarget, push_by_lock, reuse_by_lock, said_checks
 from imagebuild.render.markers import explain as explain_build_failure

@@ -1,6 +1,6 @@
-"""The findings every flow gathers before it does anything: the recipe's rules, what a lock says of
-itself (fresh or stale, its patches, the base's updates, what its wheels declare), and how several
-platforms' findings are said once.
+"""The findings every flow gathers before it does anything: the facts the rules need (a lock's stale reasons,
+its patches checked, the base's updates, what its wheels declare) gathered and handed to knowledge's rules
+(knowledge/rules/), and how several platforms' findings are said once.
 
     stop_on_errors(findings, recipe)  an error stops the flow (FindingsFailed), each finding located
     located(recipe, findings)         each finding about a recipe key gets that key's file and line
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from imagebuild.knowledge import Finding, has_errors, rules
+from imagebuild.knowledge import has_errors, rules
 from imagebuild.knowledge.facts import debian_suite
 from imagebuild.base.identity import BaseIdentity
 from imagebuild.bootstrap import pending_updates
@@ -40,13 +40,7 @@ def recipe_findings(recipe: Recipe) -> list:
 def lock_findings(recipe: Recipe, locked: Lock, path: Path, progress: Progress = quiet) -> list:
     """What `check` says of a lock: fresh or stale (and why), its patches, and security fixes waiting."""
     where = f"{platform_name(locked.base.arch)}: " if recipe.platforms or locked.base.arch != host_arch() else ""
-    reasons = stale_reasons(locked, recipe)
-    if reasons:
-        findings = [Finding("warning", "lock-stale", f"{where}{path} is stale", "; ".join(reasons),
-                                   f"`imagebuild lock {recipe.path}` refreshes it", "imagebuild")]
-    else:
-        findings = [Finding("note", "lock-fresh", f"{where}{path} is fresh for {recipe.path.name}",
-                                   f"lock sha256 {locked.sha256}", "nothing to do", "imagebuild")]
+    findings = rules.check_freshness(recipe, path, stale_reasons(locked, recipe), locked.sha256, where)
     if recipe.patches:
         findings += patch_findings(recipe, locked)
     if isinstance(recipe.base, DebianBase) and locked.base.kind == "debian":
@@ -55,24 +49,12 @@ def lock_findings(recipe: Recipe, locked: Lock, path: Path, progress: Progress =
 
 
 def base_update_findings(recipe: Recipe, locked: BaseIdentity, where: str = "", progress: Progress = quiet) -> list:
-    """One warning per suite that carries newer versions of locked packages (security fixes waiting)."""
+    """The base's suites read for newer versions of locked packages (rules.check_base_updates judges them)."""
     try:
         waiting = pending_updates(locked, recipe.base, progress)
     except ImagebuildError as err:
-        return [Finding("warning", "base-updates-unknown", f"{where}could not read the base's suites to "
-                               "look for updates", str(err), "check again when the mirror answers", "imagebuild",
-                               key="base")]
-    findings = []
-    for suite in sorted({item["suite"] for item in waiting}):
-        items = [item for item in waiting if item["suite"] == suite]
-        kind = "security fixes waiting" if suite.endswith("-security") else "updates waiting"
-        findings.append(Finding(
-            "warning", "base-updates", f"{where}{suite} has newer versions of {len(items)} locked base "
-            f"package(s) ({kind}): {', '.join(item['package'] for item in items)}",
-            "; ".join(f"{item['package']} {item['locked']} -> {item['newest']}" for item in items),
-            f"`imagebuild lock {recipe.path} --upgrade-base`, then rebuild", f"the {suite} Packages index",
-            key="base"))
-    return findings
+        return rules.base_updates_unknown(str(err), where)
+    return rules.check_base_updates(recipe, waiting, where)
 
 
 def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = quiet) -> tuple[list, dict]:
@@ -88,31 +70,13 @@ def artifact_findings(recipe: Recipe, locked: Lock, progress: Progress = quiet) 
         overlaps=artifacts.overlaps((w.name for w in locked.wheels),
                                     removed={e.package: e.remove for e in recipe.prune}),
         cuda12=artifacts.cuda12_builds())
-    for name, why in sorted(artifacts.unread.items()):
-        findings.append(Finding("warning", "wheel-unread", f"the file list of {name} could not be read, "
-                                       "so it was not checked for overlaps or CUDA builds", why,
-                                       "relock when the index answers", rules.ARTIFACT_SOURCE))
-    return findings, artifacts.layout()
+    return findings + rules.check_unread(artifacts.unread), artifacts.layout()
 
 
 def patch_findings(recipe: Recipe, locked: Lock) -> list:
-    """An error finding for each recipe patch that does not apply to the wheel the lock installs,
-    naming the file and hunk (the same words as `imagebuild patches`)."""
+    """Each recipe patch checked against the wheel the lock installs (rules.check_patches judges them)."""
     from imagebuild.lock.patches import check_locked_patches
-    findings = []
-    keys = {str(patch.path): f"patches[{index}].file" for index, patch in enumerate(recipe.patches)}
-    for result in check_locked_patches(recipe, locked):
-        if result.applies:
-            continue
-        findings.append(Finding(
-            "error", "patch-does-not-apply",
-            f"the patch {result.patch} does not apply to {result.package} {result.checked}: "
-            + "; ".join(result.problems),
-            "; ".join(result.problems),
-            f"regenerate the patch against {result.package} {result.checked}, or pin the release it was "
-            f"made for (`imagebuild patches {recipe.path} --version {result.package}==VERSION` checks one)",
-            f"the locked wheel of {result.package} {result.checked}", key=keys.get(result.patch)))
-    return findings
+    return rules.check_patches(recipe, check_locked_patches(recipe, locked))
 
 
 def locked_findings(recipe: Recipe, locked: Lock, *, patches: bool) -> list:

@@ -22,7 +22,7 @@ from imagebuild import payload
 from imagebuild.common import Progress, cache_dir, quiet, write_atomic
 from imagebuild.engine import Engine, ImageInfo
 from imagebuild.errors import ImageNotFound, SmokeFailed
-from imagebuild.flows import built
+import imagebuild.flows.built as built  # not via the package's face, which imports this module
 from imagebuild.flows.options import BuildOptions
 from imagebuild.flows.reports import BuildReport, SmokeReport
 from imagebuild.recipe.model import Recipe

@@ -1,8 +1,8 @@
 """Facts: the CUDA, driver, GPU-target, Debian and glibc table in compat.toml beside it, with sources.
 
-Loaded once, validated (every entry needs a source), and looked up by the rules beside it (rules.py),
-by recipe and by doctor. The public API is `load_facts()` and its fact types, and the lookups at the
-end: `debian_suite`, `torch_cuda`, `without_cuda`, `parse_version`, `release_cuda`, `native_toolkit`.
+Loaded once, validated (every entry needs a source), and looked up by the rules beside it (rules/).
+The public API is `load_facts()` and its fact types, and the lookups at the end: `debian_suite`,
+`torch_cuda`, `without_cuda`, `parse_version`, `release_cuda`, `native_toolkit`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from imagebuild.errors import ImagebuildError
-from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
+from imagebuild.recipe.cuda import Arch, CudaVersion, parse_driver
 
 DATA_FILE = Path(__file__).parent / "compat.toml"
 BASES = ("verified", "general")  # FACTS.md's [V] and [G]

@@ -1,4 +1,4 @@
-"""One finding, whoever finds it: a rule over a recipe or its lock (rules.py), imagebuild's own checks
+"""One finding, whoever finds it: a rule over a recipe or its lock (rules/), imagebuild's own checks
 of a lock, or a check of a live host, venv or image (the payload's probe, read here at one boundary).
 
     Status            one vocabulary: error, warning, note (a rule's verdict) and pass, skip, unknown (a

@@ -9,7 +9,7 @@ them come the facts no hand table should hold:
     nvcc_carriers  which toolchain wheels really ship an nvcc binary (cu12 nvcc wheels ship ptxas only)
     requires       what each wheel requires of the locked torch (torchvision, torchaudio)
 
-knowledge/rules.py turns them into findings; nothing here judges.
+knowledge/rules/lock.py turns them into findings; nothing here judges.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from packaging.utils import canonicalize_name
 from requests.adapters import HTTPAdapter
 
 from imagebuild.common import Progress, quiet
-from imagebuild.knowledge.cuda import CudaVersion
 from imagebuild.lock.lockfile import LockedWheel
 from imagebuild.lock.remote_wheel import WheelError, wheel_files
 from imagebuild.payload.prune import matches
+from imagebuild.recipe.cuda import CudaVersion
 
 # libNAME.so.MAJOR[.MINOR...]: group 1 is the name -lNAME looks for
 _VERSIONED_LIBRARY = re.compile(r"(lib[A-Za-z0-9_+-]+(?:\.[A-Za-z0-9_+-]+)*?\.so)\.[0-9]+(?:\.[0-9]+)*")

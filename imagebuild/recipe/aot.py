@@ -14,8 +14,8 @@ import re
 from dataclasses import asdict, dataclass
 
 from imagebuild.errors import RecipeError
-from imagebuild.knowledge.cuda import Arch
 from imagebuild.recipe.aot_moe import MOE_DEFAULTS, MOE_KEYS, ModelConfigFile, check_moe, config_values
+from imagebuild.recipe.cuda import Arch
 from imagebuild.recipe.reader import Key, RecipeReader, show, toml_kind
 
 # SGLang's --kv-cache-dtype names; "auto" is the model's dtype.

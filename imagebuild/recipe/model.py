@@ -18,9 +18,8 @@ from urllib.parse import urlsplit
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from imagebuild.knowledge.facts import load_facts
-from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
 from imagebuild.recipe.aot import AotSpec, parse_aot
+from imagebuild.recipe.cuda import Arch, CudaVersion, parse_driver
 from imagebuild.recipe.edits import Patch, Prune, distribution_name, parse_patches, parse_prune
 from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.reader import Key, RecipeReader, parse_toml, read_source, show, toml_kind
@@ -137,6 +136,8 @@ class Recipe:
 
 
 DEBIAN_ARCHS = ("amd64", "arm64")
+# The suites knowledge/compat.toml has facts for (Python, glibc); tests/knowledge/test_facts.py keeps them equal.
+DEBIAN_SUITES = ("bullseye", "bookworm", "trixie")
 
 _TOP_KEYS = ("image", "base", "python", "cuda", "patches", "prune", "env", "labels", "smoke", "platforms",
               "aot")
@@ -303,7 +304,7 @@ def _debian_base(read: RecipeReader, table: dict, folder: Path) -> DebianBase:
     if not _SUITE.fullmatch(suite):
         raise read.error(key + ("debian",), f"{show(suite)} is not a Debian suite name",
                          hint='a codename in lowercase letters, e.g. "bookworm" or "trixie"')
-    known = sorted(load_facts().suites)
+    known = sorted(DEBIAN_SUITES)
     if suite not in known:  # its Python and glibc are facts imagebuild must have to check and resolve
         raise read.error(key + ("debian",), f"imagebuild has no facts for Debian {show(suite)}",
                          hint=f"one of: {', '.join(known)}; or an image base pinned by digest with its "

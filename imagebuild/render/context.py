@@ -23,7 +23,8 @@ from imagebuild.payload.probe import bundle
 from imagebuild.payload.probe.expect import validate_expect
 from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.model import Recipe
-from imagebuild.render import markers, paths
+import imagebuild.render.markers as markers  # not via the package's face, which imports this module
+import imagebuild.render.paths as paths
 from imagebuild.render.paths import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, SGLANG_JIT_CACHE, VENV
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -24,6 +24,7 @@ from imagebuild.flows import doctor
 from imagebuild.cli import app as cli
 from imagebuild.errors import EXIT_FAILED, EXIT_OK
 from imagebuild.knowledge.facts import load_facts
+from imagebuild.knowledge.rules import host as host_rules
 from imagebuild.payload import probe
 from imagebuild.payload.probe import bundle
 from tests.conftest import cannot_run, missing_tool
@@ -332,7 +333,7 @@ def test_unwritable_jit_cache_is_an_error(envs, tmp_path):
     assert "export DG_JIT_CACHE_DIR=" in finding["fix"]
 
 
-# ---- rules over gathered facts (pure functions), the probe's parsers --------------------------
+# ---- rules over gathered facts (pure functions: knowledge/rules/host.py), the probe's parsers --------------------------
 
 @pytest.fixture(scope="module")
 def healthy_facts(envs, tmp_path_factory):
@@ -342,7 +343,7 @@ def healthy_facts(envs, tmp_path_factory):
 
 
 def test_glibc_2_41_with_nvcc_13_0_is_an_error(healthy_facts):
-    findings = {f.rule: f.to_probe() for f in doctor.compat_findings(dict(healthy_facts, glibc="2.41"))}
+    findings = {f.rule: f.to_probe() for f in host_rules.compat_findings(dict(healthy_facts, glibc="2.41"))}
     glibc = findings["glibc-nvcc"]
     assert glibc["status"] == "fail" and glibc["evidence"]["rule"] == "glibc-breaks-nvcc"
 
@@ -505,4 +506,4 @@ def test_nvcc_in_use_reads_container_paths_as_the_probe_resolved_them():
     facts = {"consumers": {"torch": {"installed": True, "home": "/nonexistent-in-host/cuda",
                                      "real": "/nonexistent-in-host/cuda-13.0"}},
              "toolkits": [{"real": "/nonexistent-in-host/cuda-13.0", "release": "13.0"}]}
-    assert doctor.nvcc_in_use(facts) == {"13.0": [probe.CONSUMER_LABELS["torch"]]}
+    assert host_rules.nvcc_in_use(facts) == {"13.0": [probe.CONSUMER_LABELS["torch"]]}

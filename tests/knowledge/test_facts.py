@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from imagebuild.errors import ImagebuildError
 from imagebuild.knowledge import facts
-from imagebuild.knowledge.cuda import CudaVersion
 from imagebuild.knowledge.facts import (SuiteFacts, debian_suite, load_facts, parse_version, release_cuda, torch_cuda,
                                         without_cuda)
+from imagebuild.recipe.cuda import CudaVersion
+from imagebuild.recipe.model import DEBIAN_SUITES
 
 CUDA_12_8 = CudaVersion(12, 8)
 CUDA_13_0 = CudaVersion(13, 0)
@@ -95,6 +96,11 @@ def test_debian_suite(suite, python, glibc, manylinux):
     assert isinstance(facts, SuiteFacts)
     assert (facts.suite, facts.python, facts.glibc, facts.manylinux) == (suite, python, glibc, manylinux)
     assert facts.source
+
+
+def test_the_suites_a_recipe_accepts_are_those_with_facts():
+    """recipe/ (a leaf, below knowledge) keeps the suite names it accepts; each needs its facts here."""
+    assert set(load_facts().suites) == set(DEBIAN_SUITES)
 
 
 def test_an_unknown_suite_names_the_known_ones():

@@ -1,4 +1,4 @@
-"""The rules (knowledge/rules.py) over the facts in knowledge/compat.toml: each rule's error, warning and pass
+"""The rules (knowledge/rules/recipe.py) over the facts in knowledge/compat.toml: each rule's error, warning and pass
 cases, and that none raises on an odd version."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from imagebuild.knowledge import Finding, has_errors
-from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
 from imagebuild.knowledge.facts import debian_suite, load_facts, torch_cuda
 from imagebuild.knowledge.rules import (check_archs, check_driver, check_glibc, check_recipe, check_resolved,
                                         check_toolchain, check_torch)
+from imagebuild.recipe.cuda import Arch, CudaVersion, parse_driver
 from imagebuild.recipe.model import CudaSpec, DebianBase, ImageBase, PythonSpec, Recipe
 
 CUDA_12_8 = CudaVersion(12, 8)

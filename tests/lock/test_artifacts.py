@@ -19,7 +19,7 @@ from imagebuild import flows
 from imagebuild.knowledge import has_errors
 from imagebuild.knowledge.rules import check_artifacts, check_overlaps
 from imagebuild.errors import FindingsFailed
-from imagebuild.knowledge.cuda import CudaVersion
+from imagebuild.recipe.cuda import CudaVersion
 from imagebuild.recipe.model import load_recipe
 from imagebuild.lock.artifacts import Artifacts, Overlap, WheelFacts, parse_metadata, parse_record, runtime_cuda
 

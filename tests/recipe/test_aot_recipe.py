@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from imagebuild.errors import RecipeError
-from imagebuild.knowledge.cuda import Arch
 from imagebuild.recipe.aot import DEEP_GEMM_MODES, DTYPES, KV_DTYPES, ROPE_STYLES, AotSpec, ServingShape
+from imagebuild.recipe.cuda import Arch
 from imagebuild.recipe.model import Recipe, parse_recipe
 from tests.recipe.test_recipe import ANY_VALUE, PROPERTY, line_of, toml_document
 

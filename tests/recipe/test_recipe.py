@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from imagebuild.errors import RecipeError
-from imagebuild.knowledge.cuda import Arch, CudaVersion
+from imagebuild.recipe.cuda import Arch, CudaVersion
 from imagebuild.recipe.model import DebianBase, ImageBase, Patch, Recipe, load_recipe, parse_recipe
 from imagebuild.recipe.reader import dotted, locate
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from imagebuild.errors import RecipeError
-from imagebuild.knowledge.cuda import Arch, CudaVersion
 from imagebuild.lock import LockedPatch, LockedWheel, parse_pylock
 from imagebuild.payload.probe import bundle
+from imagebuild.recipe.cuda import Arch, CudaVersion
 from imagebuild.recipe.layers import LayerPlan
 from imagebuild.recipe.model import CudaSpec, DebianBase, Patch, Prune, PythonSpec, Recipe
 from imagebuild.render import docker_quote, render_context, render_dockerfile, render_values

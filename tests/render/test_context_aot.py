@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from imagebuild.errors import RecipeError
-from imagebuild.knowledge.cuda import Arch
 from imagebuild.lock import LockedWheel
 from imagebuild.recipe.aot import AotSpec, ServingShape
+from imagebuild.recipe.cuda import Arch
 from imagebuild.render import render_context, render_dockerfile, render_values
 from tests.lock.test_lock import _lock
 from tests.render.test_context import _app_wheels, _check_golden, _recipe

@@ -37,7 +37,6 @@ Each check is a small function returning a plain dict.
 The names below are what imagebuild (flows/doctor.py, knowledge/finding.py) and the tests use.
 """
 
-from .cli import main, run_probe
 from .consumers import cuda_version_is_patched, triton_ptxas_for
 from .deep_gemm import EM_CUDA, check_deep_gemm_sm120, parse_cubin_header
 from .deep_gemm_release import (SM120, SM120_KERNELS, Unreadable, jit_command, jit_generators, kernel_arguments, kernel_plan,
@@ -55,7 +54,7 @@ from .system import canonical_name, major_minor, parse_nvcc_release
 from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter, check_packages
 
 __all__ = [
-    "main", "run_probe", "run_doctor", "load_expect", "validate_expect",
+    "run_doctor", "load_expect", "validate_expect",
     "PASS", "FAIL", "SKIP", "WARN", "UNKNOWN", "ERROR", "WARNING", "INFO", "make_check", "make_finding", "make_report",
     "shell_fix", "canonical_name", "major_minor", "parse_nvcc_release",
     "check_interpreter", "check_packages", "check_cuda_toolchain", "check_cuda_home",

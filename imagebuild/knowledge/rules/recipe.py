@@ -1,13 +1,9 @@
-"""The rules: a recipe (and later its lock) against the facts beside it -> Findings; errors stop the build.
+"""The rules over a recipe and its locked versions: the facts beside it -> Findings; errors stop the build.
 
 CUDA toolkit, driver, GPU targets, torch, glibc and the pip CUDA toolchain. The facts live in
 compat.toml, each with its source, read through facts.py's public lookups. Every rule is a small
 pure function over them that returns Findings (finding.py); none raises on an odd version string.
-`check_recipe` runs what is knowable before resolving; `check_resolved` runs on the locked versions;
-`check_artifacts` on what the locked wheels say of themselves (lock/artifacts.py reads them).
-
-May import: the facts (cuda, facts, finding) and recipe's model, since a recipe is what they judge;
-recipe imports the facts, never this module (docs/architecture.md).
+`check_recipe` runs what is knowable before resolving; `check_resolved` runs on the locked versions.
 """
 
 from __future__ import annotations
@@ -18,10 +14,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from imagebuild.knowledge.cuda import Arch, CudaVersion, parse_driver
 from imagebuild.knowledge.facts import (DATA_FILE, load_facts, native_toolkit, parse_version, release_cuda, torch_cuda,
                                         without_cuda)
 from imagebuild.knowledge.finding import Finding
+from imagebuild.recipe.cuda import Arch, CudaVersion, parse_driver
 from imagebuild.recipe.model import ImageBase, PythonSpec, Recipe
 
 
@@ -278,96 +274,4 @@ def check_resolved(recipe: Recipe, packages: Mapping[str, str], glibc: str | Non
     nvcc = min((c for c in carriers if c), default=None)
     if glibc and nvcc:
         findings += [f.at(_base_key(recipe)) for f in check_glibc(glibc, nvcc)]
-    return findings
-
-
-# --- facts read from the locked wheels (lock/artifacts.py) ------------------------------------
-
-ARTIFACT_SOURCE = "the locked wheels' own METADATA and RECORD, read at lock time"
-TOOLCHAIN_FIX = ('the CUDA 13 pip toolchain: requirements "cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.*" '
-                 'with [cuda] toolkit = "13.0" (and torch built for cu130), or a CUDA devel base image '
-                 'pinned by digest ([base] image = "...@sha256:...") that has nvcc and the headers')
-SHOWN = 5  # paths named per overlap
-
-
-def check_artifacts(toolkit: CudaVersion | None, packages: Mapping[str, str], *,
-                    torch_cuda: tuple[CudaVersion, str] | None = None, nvcc: Mapping[str, bool] | None = None,
-                    torch_requirements: Mapping[str, list] | None = None, overlaps: Iterable = (),
-                    cuda12: Mapping[str, str] | None = None) -> list[Finding]:
-    """Rules over what the locked wheels say of themselves: torch's CUDA, whether the pip toolchain
-    has an nvcc, CUDA 12 builds in a CUDA 13 image, companions built for another torch, and paths
-    two distributions both install."""
-    findings: list[Finding] = []
-    locked = {canonicalize_name(str(name)): str(version) for name, version in packages.items()}
-    if toolkit is not None and torch_cuda is not None and torch_cuda[0] != toolkit:
-        cuda, requirement = torch_cuda
-        findings.append(Finding(
-            "error", "torch-cuda-mismatch",
-            f"torch {locked.get('torch', '?')} is built for CUDA {cuda}, not the image's CUDA {toolkit}.",
-            f"the locked torch wheel requires {requirement}", f'set [cuda].toolkit = "{cuda}", or pin a torch '
-            f"built for CUDA {toolkit} (a +cu{toolkit.major}{toolkit.minor} build from PyTorch's index)",
-            ARTIFACT_SOURCE, key="python.requirements"))
-    carriers = nvcc or {}
-    if toolkit is not None and carriers and not any(carriers.values()):
-        names = ", ".join(f"{name} {locked.get(name, '?')}" for name in sorted(carriers))
-        findings.append(Finding(
-            "error", "toolchain-without-nvcc",
-            f"{names} ships no nvcc binary (ptxas only): deep_gemm's and FlashInfer's JIT find no CUDA home "
-            "in the image and fail at their first kernel.", f"no bin/nvcc in the RECORD of {names}",
-            TOOLCHAIN_FIX, ARTIFACT_SOURCE, key="python.requirements"))
-    if toolkit is not None and toolkit.major >= 13:
-        for name, evidence in sorted((cuda12 or {}).items()):
-            findings.append(Finding(
-                "warning", "cuda12-build",
-                f"{name} {locked.get(name, '?')} is a CUDA 12 build in a CUDA {toolkit} image: it loads CUDA 12 "
-                "libraries the image does not have.", f"{name} {locked.get(name, '?')}: {evidence}",
-                f'leave it out with [python].exclude = ["{name}"], or constrain what pulls it in to its CUDA 13 '
-                "build", ARTIFACT_SOURCE, key="python.exclude"))
-    torch = locked.get("torch")
-    for name, requirements in sorted((torch_requirements or {}).items()):
-        wanted = [r for r in requirements if torch and not r.specifier.contains(torch, prereleases=True)]
-        if torch and wanted:
-            findings.append(Finding(
-                "error", "torch-companion-mismatch",
-                f"{name} {locked.get(name, '?')} is built for {wanted[0]}, but the lock holds torch {torch}.",
-                f"{name}'s METADATA: Requires-Dist: {wanted[0]}",
-                f"pin the {name} release built for torch {torch} (its Requires-Dist names it), or that torch",
-                ARTIFACT_SOURCE, key="python.requirements"))
-    findings += check_overlaps(overlaps)
-    return findings
-
-
-def check_overlaps(overlaps: Iterable) -> list[Finding]:
-    """One finding per set of distributions sharing paths: an error where their copies differ (the
-    later install silently wins), a note where they are the same bytes."""
-    groups: dict[tuple[tuple[str, ...], bool], list[str]] = {}
-    findings = []
-    for overlap in overlaps:
-        if overlap.deleted_by:
-            keepers = " and ".join(overlap.owners)
-            findings.append(Finding(
-                "error", "prune-deletes-shared-file",
-                f"[[prune]] of {overlap.deleted_by} deletes {overlap.path}, which {keepers} installs too: the "
-                f"file is gone for both, and {keepers}'s RECORD names a file the image does not hold.",
-                f"{overlap.path}: installed by {keepers}, then by {overlap.deleted_by}, whose prune removes it",
-                f"prune it from {overlap.owners[0]} instead (installed first), so {overlap.deleted_by}'s copy stays",
-                ARTIFACT_SOURCE, key="prune"))
-            continue
-        groups.setdefault((tuple(overlap.owners), overlap.same), []).append(overlap.path)
-    for (owners, same), paths in sorted(groups.items()):
-        shown = ", ".join(paths[:SHOWN]) + (f" and {len(paths) - SHOWN} more" if len(paths) > SHOWN else "")
-        who = " and ".join(owners)
-        if same:
-            findings.append(Finding(
-                "note", "file-overlap-identical", f"{who} install {len(paths)} identical path(s)", shown,
-                "nothing to do: the copies are the same bytes", ARTIFACT_SOURCE))
-        else:
-            findings.append(Finding(
-                "error", "file-overlap",
-                f"{who} install {len(paths)} path(s) with different contents: the one installed last "
-                "silently replaces the other's files.", shown,
-                f"keep one of them: a constraint that stops one being resolved, or [python].exclude = "
-                f'["{owners[-1]}"] (e.g. opencv-python beside opencv-python-headless: keep the headless one); '
-                f"or, where both must stay, a [[prune]] entry that removes the path from one of them",
-                ARTIFACT_SOURCE, key="python.exclude"))
     return findings
