@@ -21,6 +21,7 @@ from imagebuild.common import Progress, cache_dir, host_arch, platform_name, qui
 from imagebuild.errors import FindingsFailed, ImagebuildError, RecipeError
 from imagebuild.lock import Lock, stale_reasons
 from imagebuild.recipe.model import DebianBase, Recipe
+from imagebuild.render.templates import template_sha256
 
 
 def base_glibc(recipe: Recipe) -> str:
@@ -40,7 +41,7 @@ def recipe_findings(recipe: Recipe) -> list:
 def lock_findings(recipe: Recipe, locked: Lock, path: Path, progress: Progress = quiet) -> list:
     """What `check` says of a lock: fresh or stale (and why), its patches, and security fixes waiting."""
     where = f"{platform_name(locked.base.arch)}: " if recipe.platforms or locked.base.arch != host_arch() else ""
-    reasons = stale_reasons(locked, recipe)
+    reasons = stale_reasons(locked, recipe, template_sha256=template_sha256())
     if reasons:
         findings = [Finding("warning", "lock-stale", f"{where}{path} is stale", "; ".join(reasons),
                                    f"`imagebuild lock {recipe.path}` refreshes it", "imagebuild")]

@@ -7,7 +7,7 @@ a line per module reused, and per module compiling each time its finished object
 
 A fresh runner's engine starts with an empty kernel cache mount: `seed_engine` fills it, before the build,
 from a folder of cache entries (kernel_layer.py reads them out of a registry build cache), by a
-small build of its own (kernel-seed.Dockerfile.j2) that mounts the same cache.
+small build of its own (render/kernel-seed.Dockerfile.j2) that mounts the same cache.
 """
 
 from __future__ import annotations
@@ -19,15 +19,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import jinja2
-
 from imagebuild.common import Progress, announce, quiet
 from imagebuild.errors import ImagebuildError
 from imagebuild.payload.probe import kernel_cache
 from imagebuild.payload.probe.compile_resume import PROGRESS_MARK
 from imagebuild.payload.probe.kernels_aot import STATS_MARK
-
-SEED_TEMPLATE = Path(__file__).resolve().parent / "kernel-seed.Dockerfile.j2"
+from imagebuild.render.templates import seed_dockerfile
 
 COUNTS = ("compiled", "reused", "jobs")
 STATES = ("reused", "compiling", "compiled")
@@ -184,9 +181,8 @@ def seed_engine(engine, entries: Path, *, base_ref: str, python: str, platform: 
     (flashinfer, sglang), already there (present) and refused. The build's image is removed."""
     context = Path(tempfile.mkdtemp(prefix="imagebuild-kernel-seed-"))
     try:
-        template = jinja2.Template(SEED_TEMPLATE.read_text(), undefined=jinja2.StrictUndefined, autoescape=False)
-        (context / "Dockerfile").write_text(template.render(base_ref=base_ref, python=python, cache_id=cache_id,
-                                                            cache_dir=cache_dir) + "\n")
+        (context / "Dockerfile").write_text(seed_dockerfile(base_ref=base_ref, python=python, cache_id=cache_id,
+                                                            cache_dir=cache_dir))
         shutil.copyfile(kernel_cache.__file__, context / "kernel_cache.py")
         shutil.copytree(entries, context / "entries")
         (context / "run").write_text(secrets.token_hex(16))  # runs every time: the mount may have lost entries

@@ -18,13 +18,14 @@ from packaging.version import Version
 
 from imagebuild import __version__, payload
 from imagebuild.errors import LockError, RecipeError
-from imagebuild.lock import Lock, template_path
+from imagebuild.lock import Lock
 from imagebuild.payload.probe import bundle
 from imagebuild.payload.probe.expect import validate_expect
 from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.model import Recipe
 from imagebuild.render import markers, paths
 from imagebuild.render.paths import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, SGLANG_JIT_CACHE, VENV
+from imagebuild.render.templates import TEMPLATE
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PATCHER_SOURCE = payload.PATCHER
@@ -297,7 +298,7 @@ def assignments(pairs: dict[str, str]) -> str:
 
 def _environment():
     import jinja2  # only the commands that render pay for it
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_path().parent)),
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE.parent)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
                              autoescape=False)
     env.filters["assignments"] = assignments
@@ -305,7 +306,7 @@ def _environment():
 
 
 def render_dockerfile(values: RenderValues) -> str:
-    template = _environment().get_template(template_path().name)
+    template = _environment().get_template(TEMPLATE.name)
     return template.render(**vars(values))
 
 
