@@ -129,13 +129,16 @@ def function_import_lines(path: Path) -> set[int]:
 def payload_violations(root: Path = PACKAGE) -> list[str]:
     """Imports in root/payload that are neither the standard library nor the payload itself."""
     bad = []
+    # A script run beside copies of payload modules (prune.py beside apply_patch.py; kernels_aot.py in the
+    # [aot] step's aot/ folder) imports them by their bare names.
+    names = {path.stem for path in sources(root / "payload")}
     for path in sources(root / "payload"):
         stack = STACK_DRIVERS.get(path.name, set())
         lazy = function_import_lines(path) if stack else set()
         for module, line in imports_of(path, root):
             top = module.split(".")[0]
             inside = module == f"{root.name}.payload" or module.startswith(f"{root.name}.payload.")
-            sibling = (path.parent / f"{module}.py").is_file()  # prune.py loads apply_patch.py beside it
+            sibling = module in names
             if inside or sibling or (top != root.name and top in sys.stdlib_module_names):
                 continue
             if top in stack and line in lazy:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from imagebuild.common import Progress, announce, quiet
 from imagebuild.errors import ImagebuildError
-from imagebuild.payload.probe import kernel_cache
-from imagebuild.payload.probe.compile_resume import PROGRESS_MARK
-from imagebuild.payload.probe.kernels_aot import STATS_MARK
+from imagebuild.payload.probe.kernels import kernel_cache
+from imagebuild.payload.probe.kernels.compile_resume import PROGRESS_MARK
+from imagebuild.payload.probe.kernels.kernels_aot import STATS_MARK
 from imagebuild.render.templates import seed_dockerfile
 
 COUNTS = ("compiled", "reused", "jobs")

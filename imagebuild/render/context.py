@@ -30,9 +30,10 @@ from imagebuild.render.templates import TEMPLATE
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PATCHER_SOURCE = payload.PATCHER
 PRUNER_SOURCE = payload.PRUNER
-AOT_SOURCES = tuple(Path(bundle.SOURCE) / name  # the build step's script and what it runs with
-                    for name in ("kernels_aot.py", "kernels_moe.py", "kernel_cache.py", "kernel_inputs.py",
-                                 "compile_resume.py", "waste.py", "deterministic_pid.c"))
+AOT_SOURCES = tuple(Path(bundle.SOURCE) / name  # the build step's script and what it runs with, side by side in aot/
+                    for name in ("kernels/kernels_aot.py", "kernels/kernels_moe.py", "kernels/kernel_cache.py",
+                                 "kernels/kernel_inputs.py", "kernels/compile_resume.py", "waste.py",
+                                 "kernels/deterministic_pid.c"))
 LABEL_PREFIX = "io.imagebuild"
 
 

@@ -7,7 +7,8 @@ reads at run time, being standard library only; those are imported from it here,
 
 from __future__ import annotations
 
-from imagebuild.payload.probe import findings_kernels, kernel_cache
+from imagebuild.payload.probe.doctor import findings_kernels
+from imagebuild.payload.probe.kernels import kernel_cache
 
 # What an image keeps of imagebuild's own.
 ROOT = "/opt/imagebuild"

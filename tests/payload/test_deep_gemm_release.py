@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from imagebuild.payload import probe
-from imagebuild.payload.probe import cxx_source, deep_gemm_release as release
+from imagebuild.payload.probe.checks import cxx_source, deep_gemm_release as release
 
 RELEASES = ("0.2.2", "0.2.3", "0.2.3.post2", "0.2.5")
 PAYLOAD = Path(probe.__file__).resolve().parent.parent

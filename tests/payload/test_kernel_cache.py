@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild.payload.probe import kernel_cache, kernel_inputs
-from imagebuild.payload.probe.compile_resume import PROGRESS_MARK, Resumable, Watch, logged_outputs
-from imagebuild.payload.probe.kernel_cache import KernelCache
+from imagebuild.payload.probe.kernels import kernel_cache, kernel_inputs
+from imagebuild.payload.probe.kernels.compile_resume import PROGRESS_MARK, Resumable, Watch, logged_outputs
+from imagebuild.payload.probe.kernels.kernel_cache import KernelCache
 
 # Anonymous namespaces are what the module id names: the symbol nvcc makes differ from run to run.
 SOURCE = """namespace { __global__ void scale(float* x) { x[threadIdx.x] *= 2.0f; } }

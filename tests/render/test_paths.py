@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from imagebuild.payload.probe import findings_kernels, kernel_cache
+from imagebuild.payload.probe.doctor import findings_kernels
+from imagebuild.payload.probe.kernels import kernel_cache
 from imagebuild.render import paths, seed_dockerfile
 from imagebuild.render.templates import SEED_TEMPLATE, TEMPLATE
 

@@ -33,7 +33,7 @@ import time
 
 try:
     from . import compile_resume, kernel_cache, kernel_inputs, kernels_moe
-    from .waste import elf_sections, fatbin_code
+    from ..waste import elf_sections, fatbin_code
 except ImportError:  # run as a script from a folder holding the modules above too (the [aot] step)
     import compile_resume
     import kernel_cache
