@@ -29,8 +29,8 @@ from imagebuild.lock import (Lock, PlatformLocks, default_lock_path, ensure_fres
 from imagebuild.lock.lockfile import recipe_sha256
 from imagebuild.recipe.model import Recipe, load_recipe, parse_recipe
 from imagebuild.recipe.pins import set_pin
-from imagebuild.render.templates import template_sha256
 from imagebuild.recipe.reader import read_source
+from imagebuild.render.templates import template_sha256
 
 
 def lock(recipe_path: str | Path, *, lock_path: Path | None = None, upgrade_base: bool = False,
