@@ -45,7 +45,7 @@ from imagebuild.bootstrap import ensure_base_image  # noqa: E402
 from imagebuild.engine.docker import DockerEngine  # noqa: E402
 from imagebuild.flows.kernels import KernelStepWatch  # noqa: E402
 from imagebuild.lock import default_lock_path, read_lock, uv_binary  # noqa: E402
-from imagebuild.payload.probe.kernels_aot import STATS_MARK  # noqa: E402
+from imagebuild.payload.probe.kernels.kernels_aot import STATS_MARK  # noqa: E402
 from imagebuild.flows import ca_bundle  # noqa: E402
 from imagebuild.recipe.model import load_recipe  # noqa: E402
 from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, render_context  # noqa: E402

@@ -4,7 +4,8 @@
   and itself;
 - each stage imports only the stages below it (ALLOWED); nothing outside cli/ imports cli/;
 - no import cycle between modules, nor between stages;
-- only render/ (paths.py) and payload/ write an in-image path (/opt/imagebuild/...).
+- only render/ (paths.py) and payload/ write an in-image path (/opt/imagebuild/..., /run/imagebuild/...);
+  every Dockerfile template (*.j2) sits in render/.
 - (test_architecture_names.py) no module imports another's underscore names, and one Finding type;
 - (test_architecture_targets.py) the two publish targets, registry/ and lxc/, do not import each other.
 - (test_architecture_registry.py) only registry/ speaks the registry protocol: no other module imports its
@@ -131,13 +132,16 @@ def function_import_lines(path: Path) -> set[int]:
 def payload_violations(root: Path = PACKAGE) -> list[str]:
     """Imports in root/payload that are neither the standard library nor the payload itself."""
     bad = []
+    # A script run beside copies of payload modules (prune.py beside apply_patch.py; kernels_aot.py in the
+    # [aot] step's aot/ folder) imports them by their bare names.
+    names = {path.stem for path in sources(root / "payload")}
     for path in sources(root / "payload"):
         stack = STACK_DRIVERS.get(path.name, set())
         lazy = function_import_lines(path) if stack else set()
         for module, line in imports_of(path, root):
             top = module.split(".")[0]
             inside = module == f"{root.name}.payload" or module.startswith(f"{root.name}.payload.")
-            sibling = (path.parent / f"{module}.py").is_file()  # prune.py loads apply_patch.py beside it
+            sibling = module in names
             if inside or sibling or (top != root.name and top in sys.stdlib_module_names):
                 continue
             if top in stack and line in lazy:
@@ -239,10 +243,12 @@ def engine_violations(root: Path = PACKAGE) -> list[str]:
     return bad
 
 
-# The in-image paths: render/paths.py names them (Dockerfile.j2 gets them as values); the payload, standard
-# library only, keeps its own copies of the few it reads at run time. `opt/imagebuild` catches a tar member too.
-IN_IMAGE = "opt/imagebuild"
+# The in-image paths: render/paths.py names them (the templates get them as values); the payload, standard
+# library only, keeps its own copies of the few it reads at run time. Every root of ours inside an image, what
+# it keeps and what a build step borrows; without the leading slash, a tar member is caught too.
+IN_IMAGE = ("opt/imagebuild", "run/imagebuild", "tmp/imagebuild", "var/cache/imagebuild")
 PATH_OWNERS = ("render", "payload")
+TEMPLATE_OWNER = "render"
 
 
 def in_image_path_violations(root: Path = PACKAGE) -> list[str]:
@@ -252,9 +258,14 @@ def in_image_path_violations(root: Path = PACKAGE) -> list[str]:
         if path.relative_to(root).parts[0] in PATH_OWNERS:
             continue
         for number, text in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            if IN_IMAGE in text:
-                bad.append(f"{path.relative_to(root.parent)}:{number} writes {IN_IMAGE}")
+            bad += [f"{path.relative_to(root.parent)}:{number} writes {r}" for r in IN_IMAGE if r in text]
     return bad
+
+
+def template_violations(root: Path = PACKAGE) -> list[str]:
+    """A Dockerfile template (*.j2) of the package outside render/."""
+    return [f"{path.relative_to(root.parent)} is a template outside {TEMPLATE_OWNER}/"
+            for path in sorted(root.rglob("*.j2")) if path.relative_to(root).parts[0] != TEMPLATE_OWNER]
 
 
 # ---------------------------------------------------------------- the package as it is
@@ -297,8 +308,21 @@ def test_nothing_outside_engine_names_an_engine():
 
 
 def test_only_render_and_the_payload_write_an_in_image_path():
-    assert (PACKAGE / "render" / "paths.py").read_text().count(f'"/{IN_IMAGE}"') == 1  # the rule reads a real tree
+    assert (PACKAGE / "render" / "paths.py").read_text().count('"/opt/imagebuild"') == 1  # the rule reads a real tree
     assert in_image_path_violations() == []
+
+
+def test_every_in_image_root_of_ours_is_guarded():
+    from imagebuild.render import paths
+    ours = {value for name, value in vars(paths).items()
+            if name.isupper() and isinstance(value, str) and value.startswith("/") and "imagebuild" in value}
+    assert len(ours) >= 10  # paths.py was read: an empty set would pass anything
+    assert {value for value in ours if not value.lstrip("/").startswith(IN_IMAGE)} == set()
+
+
+def test_every_dockerfile_template_is_in_render():
+    assert {p.name for p in (PACKAGE / TEMPLATE_OWNER).glob("*.j2")} >= {"Dockerfile.j2", "kernel-seed.Dockerfile.j2"}
+    assert template_violations() == []
 
 
 def test_no_import_cycle_between_modules():
@@ -464,6 +488,21 @@ def test_an_in_image_path_written_outside_render_is_reported(tmp_path):
     assert in_image_path_violations(root) == ["imagebuild/cli/repro.py:1 writes opt/imagebuild",
                                               "imagebuild/pipeline.py:2 writes opt/imagebuild",
                                               "imagebuild/seed.Dockerfile.j2:2 writes opt/imagebuild"]
+
+
+@pytest.mark.parametrize("text, root", [('SEED = "/run/imagebuild/seed"\n', "run/imagebuild"),
+                                         ('WORK = "/tmp/imagebuild-aot"\n', "tmp/imagebuild"),
+                                         ('KERNELS = "/var/cache/imagebuild/kernels"\n', "var/cache/imagebuild")])
+def test_each_in_image_root_written_outside_render_is_reported(tmp_path, text, root):
+    root_dir = _tree(tmp_path, {"render/paths.py": text, "flows/kernels/step.py": text})
+    assert in_image_path_violations(root_dir) == [f"imagebuild/flows/kernels/step.py:1 writes {root}"]
+
+
+def test_a_dockerfile_template_outside_render_is_reported(tmp_path):
+    root = _tree(tmp_path, {"render/paths.py": "", "flows/kernels/step.py": ""})
+    (root / "render" / "Dockerfile.j2").write_text("FROM x\n")
+    (root / "flows" / "kernels" / "kernel-seed.Dockerfile.j2").write_text("FROM {{ base_ref }}\n")
+    assert template_violations(root) == ["imagebuild/flows/kernels/kernel-seed.Dockerfile.j2 is a template outside render/"]
 
 
 def test_in_image_paths_read_from_render_pass(tmp_path):

@@ -10,6 +10,7 @@ from imagebuild.errors import RecipeError
 from imagebuild.flows.lock import fresh_locks
 from imagebuild.lock import default_lock_path, ensure_fresh, read_lock, uv_binary_for
 from imagebuild.recipe.model import load_recipe
+from imagebuild.render.templates import template_sha256
 
 
 def render(recipe_path: str | Path, out_dir: Path, *, lock_path: Path | None = None,
@@ -26,7 +27,7 @@ def render(recipe_path: str | Path, out_dir: Path, *, lock_path: Path | None = N
                               key="platforms", hint=f"add --platform {named[0]}")
         one = recipe.for_platform(platform)
         current = read_lock(path, platform)
-        ensure_fresh(current, one, path)
+        ensure_fresh(current, one, path, template_sha256=template_sha256())
         return render_context(current, one, out_dir,
                               uv_path=uv_binary_for(platform, progress), lock_text=current.to_json())
     [current] = fresh_locks(recipe, path, relock, progress).values()

@@ -21,6 +21,7 @@ from imagebuild.common import Progress, cache_dir, host_arch, platform_name, qui
 from imagebuild.errors import FindingsFailed, ImagebuildError, RecipeError
 from imagebuild.lock import Lock, stale_reasons
 from imagebuild.recipe.model import DebianBase, Recipe
+from imagebuild.render.templates import template_sha256
 
 
 def base_glibc(recipe: Recipe) -> str:
@@ -40,7 +41,8 @@ def recipe_findings(recipe: Recipe) -> list:
 def lock_findings(recipe: Recipe, locked: Lock, path: Path, progress: Progress = quiet) -> list:
     """What `check` says of a lock: fresh or stale (and why), its patches, and security fixes waiting."""
     where = f"{platform_name(locked.base.arch)}: " if recipe.platforms or locked.base.arch != host_arch() else ""
-    findings = rules.check_freshness(recipe, path, stale_reasons(locked, recipe), locked.sha256, where)
+    reasons = stale_reasons(locked, recipe, template_sha256=template_sha256())
+    findings = rules.check_freshness(recipe, path, reasons, locked.sha256, where)
     if recipe.patches:
         findings += patch_findings(recipe, locked)
     if isinstance(recipe.base, DebianBase) and locked.base.kind == "debian":

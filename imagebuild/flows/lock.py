@@ -30,6 +30,7 @@ from imagebuild.lock.lockfile import recipe_sha256
 from imagebuild.recipe.model import Recipe, load_recipe, parse_recipe
 from imagebuild.recipe.pins import set_pin
 from imagebuild.recipe.reader import read_source
+from imagebuild.render.templates import template_sha256
 
 
 def lock(recipe_path: str | Path, *, lock_path: Path | None = None, upgrade_base: bool = False,
@@ -96,7 +97,7 @@ def resolved(recipe: Recipe, progress: Progress = quiet, *, old: Lock | None = N
     `upgrade_base`; moving only the base of a fresh lock keeps its wheels as they are. The old lock's
     versions are preferred unless `upgrade` (all) or `upgrade_names` (those)."""
     base = identify(recipe.base, old.base if old is not None else None, upgrade=upgrade_base, progress=progress)
-    if (upgrade_base and old is not None and not stale_reasons(old, recipe)
+    if (upgrade_base and old is not None and not stale_reasons(old, recipe, template_sha256=template_sha256())
             and (base.python, base.glibc) == (old.base.python, old.base.glibc)):
         progress(f"keeping the {len(old.wheels)} locked wheels: only the base moves")
         return replace(old, base=base), []
@@ -104,7 +105,7 @@ def resolved(recipe: Recipe, progress: Progress = quiet, *, old: Lock | None = N
     progress(f"resolving {len(recipe.python.requirements)} requirements for Python {base.python} "
              f"on {base.uv_platform}" + (f", keeping the {len(prefer)} locked versions where they still fit"
                                          if prefer else ""))
-    new = resolve_lock(recipe, base, prefer=prefer, upgrade=upgrade_names)
+    new = resolve_lock(recipe, base, template_sha256=template_sha256(), prefer=prefer, upgrade=upgrade_names)
     findings = rules.check_resolved(recipe, new.packages, base.glibc)
     found, layout = artifact_findings(recipe, new, progress)
     if layout:
@@ -132,7 +133,7 @@ def fresh_locks(recipe: Recipe, path: Path, relock: bool, progress: Progress = q
         lock(recipe.path, lock_path=path, progress=progress)
     if not recipe.platforms:
         current = read_lock(path)
-        ensure_fresh(current, recipe, path)
+        ensure_fresh(current, recipe, path, template_sha256=template_sha256())
         return {current.base.arch: current}
     locks = read_locks(path)
     named = [spec.arch for spec in recipe.platforms]
@@ -141,7 +142,7 @@ def fresh_locks(recipe: Recipe, path: Path, relock: bool, progress: Progress = q
         raise LockError(f"{path} holds a lock for {held}, the recipe names {', '.join(named)}: "
                         f"refresh it with `imagebuild lock {recipe.path}` or build with --relock")
     for arch, one in each_platform(recipe).items():
-        ensure_fresh(locks.locks[arch], one, path)
+        ensure_fresh(locks.locks[arch], one, path, template_sha256=template_sha256())
     return dict(locks.locks)
 
 

@@ -9,11 +9,11 @@ common, errors. No engine, registry or CLI code.
 """
 
 from imagebuild.lock.lockfile import (Lock, LockedPatch, LockedWheel, PlatformLocks, default_lock_path, ensure_fresh,
-                                      parse_lock, parse_locks, read_lock, read_locks, stale_reasons, template_path,
+                                      parse_lock, parse_locks, read_lock, read_locks, stale_reasons,
                                       write_lock, write_locks)
 from imagebuild.lock.resolve import compile_command, parse_pylock, resolve_lock, target_tags, uv_binary, uv_binary_for
 
 __all__ = ["Lock", "LockedPatch", "LockedWheel", "PlatformLocks", "compile_command", "default_lock_path",
            "ensure_fresh", "parse_lock", "parse_locks", "parse_pylock", "read_lock", "read_locks", "resolve_lock",
-           "stale_reasons", "target_tags", "template_path", "uv_binary", "uv_binary_for", "write_lock",
+           "stale_reasons", "target_tags", "uv_binary", "uv_binary_for", "write_lock",
            "write_locks"]

@@ -9,7 +9,7 @@ What the lock does not hold is not shown: whether the recipe has [aot] (the kern
 FlashInfer or SGLang is locked) and its [[prune]] steps (a changed pruner reruns them).
 
 Pure: two parsed locks in, plain values out (`imagebuild diff-lock` prints them; `--json` is to_dict()).
-Which packages decide the kernels' bytes is the payload's own rule (payload/probe/kernel_cache.py:
+Which packages decide the kernels' bytes is the payload's own rule (payload/probe/kernels/kernel_cache.py:
 the distributions whose headers the kernels include, the host toolchain's .debs), read from there, so
 this says what the kernel cache will decide.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from imagebuild.base.identity import base_moves
 from imagebuild.lock.lockfile import Lock, PlatformLocks
-from imagebuild.payload.probe.kernel_cache import HEADER_DISTRIBUTIONS, TOOLCHAIN_DEBS
+from imagebuild.payload.probe.kernels.kernel_cache import HEADER_DISTRIBUTIONS, TOOLCHAIN_DEBS
 from imagebuild.recipe.layers import LAYER_ORDER
 
 SGLANG_DISTRIBUTIONS = ("sglang", "sgl-kernel", "sglang-kernel")  # SGLang's own key: its release

@@ -132,19 +132,6 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def template_path() -> Path:
-    """Dockerfile.j2: at the repository root in a checkout, inside the package in a wheel."""
-    here = Path(__file__).resolve().parent.parent  # the imagebuild package
-    for candidate in (here / "Dockerfile.j2", here.parent / "Dockerfile.j2"):
-        if candidate.is_file():
-            return candidate
-    raise LockError(f"Dockerfile.j2 not found next to {here}: the installation is incomplete")
-
-
-def template_sha256() -> str:
-    return sha256_bytes(template_path().read_bytes())
-
-
 def payload_sha256() -> str:
     """imagebuild's own code that goes into or runs inside an image besides the wheels (the probe
     zipapp, the patcher, the pruner): a change to it changes the image a lock builds."""
@@ -419,12 +406,13 @@ class _Reader:
                          sha256=self.sha(item, "sha256", key), size=self.integer(item, "size", key), suite=suite)
 
 
-def stale_reasons(lock: Lock, recipe: Recipe) -> list[str]:
-    """Why this lock no longer describes this recipe; empty when it is fresh."""
+def stale_reasons(lock: Lock, recipe: Recipe, *, template_sha256: str) -> list[str]:
+    """Why this lock no longer describes this recipe rendered by the template whose sha256 is given
+    (render.template_sha256()); empty when it is fresh."""
     reasons = []
     if lock.recipe_sha256 != recipe_sha256(recipe):
         reasons.append(f"{recipe.path.name} changed since it was locked")
-    if lock.template_sha256 != template_sha256():
+    if lock.template_sha256 != template_sha256:
         reasons.append("Dockerfile.j2 changed since the lock was made")
     if not lock.payload_sha256:
         reasons.append("the lock predates the checksum of imagebuild's in-image code")
@@ -444,8 +432,8 @@ def model_configs(recipe: Recipe) -> tuple[LockedModelConfig, ...]:
     return tuple(LockedModelConfig(shape=one.shape, file=one.file, sha256=one.dims.sha256) for one in found)
 
 
-def ensure_fresh(lock: Lock, recipe: Recipe, lock_path: Path) -> None:
-    reasons = stale_reasons(lock, recipe)
+def ensure_fresh(lock: Lock, recipe: Recipe, lock_path: Path, *, template_sha256: str) -> None:
+    reasons = stale_reasons(lock, recipe, template_sha256=template_sha256)
     if reasons:
         raise StaleLock(f"{lock_path} is stale: " + "; ".join(reasons) +
                         f". Refresh it with `imagebuild lock {recipe.path}` or build with --relock.")

@@ -20,7 +20,7 @@ from imagebuild.base.identity import BaseIdentity
 from imagebuild.common import MACHINES, Progress, cache_dir, host_arch, quiet
 from imagebuild.errors import LockError, ResolveFailed, ToolMissing
 from imagebuild.lock.lockfile import (Lock, LockedPatch, LockedWheel, model_configs, payload_sha256, recipe_sha256,
-                                      sha256_bytes, template_sha256)
+                                      sha256_bytes)
 from imagebuild.recipe.layers import LAYER_ORDER, LayerPlan
 from imagebuild.recipe.model import Recipe
 
@@ -272,15 +272,16 @@ def cuda_summary(recipe: Recipe) -> dict:
             "min_driver": recipe.cuda.min_driver}
 
 
-def resolve_lock(recipe: Recipe, base: BaseIdentity, *, prefer: dict[str, str] | None = None,
+def resolve_lock(recipe: Recipe, base: BaseIdentity, *, template_sha256: str, prefer: dict[str, str] | None = None,
                  upgrade: tuple[str, ...] = ()) -> Lock:
-    """The recipe resolved for the base; `prefer` (name -> version) keeps an old lock's versions wherever
-    the recipe still allows them, except the names in `upgrade`."""
+    """The recipe resolved for the base, to be rendered by the template whose sha256 is given
+    (render.template_sha256()); `prefer` (name -> version) keeps an old lock's versions wherever the
+    recipe still allows them, except the names in `upgrade`."""
     wheels, resolver = resolve_wheels(recipe, base, prefer=prefer, upgrade=upgrade)
     packages = {w.name: w.version for w in wheels}
     check_prune_targets(recipe, packages)
     return Lock(recipe=recipe.stem, recipe_sha256=recipe_sha256(recipe), tool_version=__version__,
-                template_sha256=template_sha256(), payload_sha256=payload_sha256(), base=base,
+                template_sha256=template_sha256, payload_sha256=payload_sha256(), base=base,
                 python_platform=base.uv_platform,
                 resolver=resolver, wheels=wheels, patches=lock_patches(recipe, packages),
                 cuda=cuda_summary(recipe), model_configs=model_configs(recipe))

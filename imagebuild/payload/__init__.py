@@ -24,7 +24,7 @@ def checksum() -> str:
     change to any of them changes the image a lock builds."""
     from imagebuild.payload.probe import bundle
     digest = hashlib.sha256()
-    shims = [(path.name, path.read_bytes()) for path in sorted(Path(bundle.SOURCE).glob("*.c"))]  # [aot]'s step
+    shims = [(path.name, path.read_bytes()) for path in sorted(Path(bundle.SOURCE).rglob("*.c"))]  # [aot]'s step
     for name, data in [("probe.pyz", bundle.zipapp_bytes()),
                        ("apply_patch.py", PATCHER.read_bytes()),
                        ("prune.py", PRUNER.read_bytes())] + shims:

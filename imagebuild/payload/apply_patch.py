@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 PATCHES_FILE = "IMAGEBUILD_PATCHES"
 # What the patches left: {path relative to site-packages: sha256 hex, or null for a file they deleted}. The
-# probe (payload/probe/toolchain.py check_packages) checks the image's files against it, so a later step cannot undo a patch.
+# probe (payload/probe/checks/toolchain.py check_packages) checks the image's files against it, so a later step cannot undo a patch.
 PATCHED_FILES = "IMAGEBUILD_PATCHED_FILES.json"
 REGENERATE = "regenerate the patch against the locked version of the package"
 

@@ -3,7 +3,7 @@
 Each [[aot.shapes]] entry describes one way a model is served (head dims, heads, TP, dtypes, window,
 soft cap, prefix cache, sampling) and, for a quantized mixture-of-experts model, its quantization, experts,
 top-k, expert intermediate size and EP sizes (aot_moe.py); `model_config` reads those from the model's own
-config.json (model_config.py). The build step (imagebuild/payload/probe/kernels_aot.py) asks the
+config.json (model_config.py). The build step (imagebuild/payload/probe/kernels/kernels_aot.py) asks the
 installed FlashInfer and SGLang which kernel modules such a shape loads and compiles exactly those;
 nothing here names a module. docs/recipes.md documents the table.
 """

@@ -18,7 +18,7 @@ from packaging.version import Version
 
 from imagebuild import __version__, payload
 from imagebuild.errors import LockError, RecipeError
-from imagebuild.lock import Lock, template_path
+from imagebuild.lock import Lock
 from imagebuild.payload.probe import bundle
 from imagebuild.payload.probe.expect import validate_expect
 from imagebuild.recipe.layers import LAYER_ORDER
@@ -26,13 +26,15 @@ from imagebuild.recipe.model import Recipe
 import imagebuild.render.markers as markers  # not via the package's face, which imports this module
 import imagebuild.render.paths as paths
 from imagebuild.render.paths import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, SGLANG_JIT_CACHE, VENV
+from imagebuild.render.templates import TEMPLATE
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PATCHER_SOURCE = payload.PATCHER
 PRUNER_SOURCE = payload.PRUNER
-AOT_SOURCES = tuple(Path(bundle.SOURCE) / name  # the build step's script and what it runs with
-                    for name in ("kernels_aot.py", "kernels_moe.py", "kernel_cache.py", "kernel_inputs.py",
-                                 "compile_resume.py", "waste.py", "deterministic_pid.c"))
+AOT_SOURCES = tuple(Path(bundle.SOURCE) / name  # the build step's script and what it runs with, side by side in aot/
+                    for name in ("kernels/kernels_aot.py", "kernels/kernels_moe.py", "kernels/kernel_cache.py",
+                                 "kernels/kernel_inputs.py", "kernels/compile_resume.py", "waste.py",
+                                 "kernels/deterministic_pid.c"))
 LABEL_PREFIX = "io.imagebuild"
 
 
@@ -298,7 +300,7 @@ def assignments(pairs: dict[str, str]) -> str:
 
 def _environment():
     import jinja2  # only the commands that render pay for it
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_path().parent)),
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE.parent)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
                              autoescape=False)
     env.filters["assignments"] = assignments
@@ -306,7 +308,7 @@ def _environment():
 
 
 def render_dockerfile(values: RenderValues) -> str:
-    template = _environment().get_template(template_path().name)
+    template = _environment().get_template(TEMPLATE.name)
     return template.render(**vars(values))
 
 

@@ -7,7 +7,8 @@ reads at run time, being standard library only; those are imported from it here,
 
 from __future__ import annotations
 
-from imagebuild.payload.probe import findings_kernels, kernel_cache
+from imagebuild.payload.probe.doctor import findings_kernels
+from imagebuild.payload.probe.kernels import kernel_cache
 
 # What an image keeps of imagebuild's own.
 ROOT = "/opt/imagebuild"
@@ -34,6 +35,9 @@ UV_CACHE_ID = "imagebuild-uv"
 CA_SECRET = "/run/secrets/ca"  # the build's secret `ca` (a proxy's roots), where BuildKit mounts it
 KERNEL_CACHE_DIR = kernel_cache.MOUNT_DIR  # the [aot] step's compiled kernels: a BuildKit cache mount
 KERNEL_CACHE_ID = kernel_cache.MOUNT_ID
+SEED = f"{RUN}/seed"  # the kernel seed build's context (kernel-seed.Dockerfile.j2), bind-mounted
+SEED_SCRIPT = f"{SEED}/kernel_cache.py"  # payload's kernel_cache.py, copied into that context
+SEED_ENTRIES = f"{SEED}/entries"  # the cache entries it adds to the kernel cache mount
 
 PROBE_COMMAND = ("python", PROBE, "--expect", EXPECT)  # the smoke test, run in the built image
 # What marks an engine's cache mount as imagebuild's: the command of the step that used it names our files.
@@ -51,3 +55,8 @@ def template_values() -> dict[str, str]:
             "run": RUN, "pruner": PRUNER, "prune_patcher": PRUNE_PATCHER, "prune_spec": PRUNE_SPEC,
             "aot_dir": AOT_DIR, "aot_work": AOT_WORK, "uv": UV, "uv_cache": UV_CACHE, "uv_cache_id": UV_CACHE_ID,
             "ca_secret": CA_SECRET}
+
+
+def seed_values() -> dict[str, str]:
+    """The paths kernel-seed.Dockerfile.j2 writes, by the names it uses."""
+    return {"seed": SEED, "seed_script": SEED_SCRIPT, "seed_entries": SEED_ENTRIES}

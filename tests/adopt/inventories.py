@@ -1,4 +1,4 @@
-"""Inventory reports in the probe's format (payload/probe/inventory.py) for the plan's unit tests; the
+"""Inventory reports in the probe's format (payload/probe/inventory/inventory.py) for the plan's unit tests; the
 format itself is tested on the real probe's output (tests/payload/test_inventory.py)."""
 
 from __future__ import annotations

@@ -100,11 +100,13 @@ def test_repository_locks_are_fresh():
     """What CI users do: a committed lock that no longer matches its recipe fails here first."""
     from imagebuild.lock import ensure_fresh, read_lock
     from imagebuild.recipe.model import load_recipe
+    from imagebuild.render import template_sha256
     for recipe_path in sorted((REPO / "recipes").glob("*.toml")):
         recipe = load_recipe(recipe_path)
         lock_path = REPO / "lockfiles" / f"{recipe.stem}.lock"
         if recipe.platforms:  # one lock per platform in the file
             for spec in recipe.platforms:
-                ensure_fresh(read_lock(lock_path, spec.arch), recipe.for_platform(spec.arch), lock_path)
+                ensure_fresh(read_lock(lock_path, spec.arch), recipe.for_platform(spec.arch), lock_path,
+                             template_sha256=template_sha256())
         else:
-            ensure_fresh(read_lock(lock_path), recipe, lock_path)
+            ensure_fresh(read_lock(lock_path), recipe, lock_path, template_sha256=template_sha256())

@@ -17,6 +17,7 @@ from imagebuild.errors import LockError, RecipeError, ResolveFailed
 from imagebuild.lock import Lock, LockedWheel, PlatformLocks, parse_locks, read_lock, resolve_lock, write_locks
 from imagebuild.lock.resolve import missing_wheel
 from imagebuild.recipe.model import load_recipe, parse_recipe
+from imagebuild.render import template_sha256
 from tests.json_fuzz import replace_one_field
 
 RECIPE = """\
@@ -211,7 +212,7 @@ def test_a_multi_platform_lock_with_one_field_replaced_never_tracebacks(data):
 
 def test_uv_resolves_the_arm64_wheel_of_a_binary_package(tmp_path):
     recipe = parse(RECIPE.replace('"six==1.16.0"', '"pyyaml==6.0.2"'), tmp_path).for_platform("arm64")
-    locked = resolve_lock(recipe, one_lock("arm64").base)
+    locked = resolve_lock(recipe, one_lock("arm64").base, template_sha256=template_sha256())
     (pyyaml,) = locked.wheels
     assert "aarch64" in pyyaml.filename and locked.python_platform == "aarch64-manylinux_2_36"
     assert locked.cuda["archs"] == ["sm_90a", "sm_100a", "sm_121a"]
@@ -226,9 +227,9 @@ def test_a_package_without_a_wheel_for_a_platform_is_named_with_the_platform(tmp
     else:
         monkeypatch.delenv("COLUMNS", raising=False)
     recipe = parse(RECIPE.replace('"six==1.16.0"', '"nvidia-cuda-runtime-cu11==11.7.99"'), tmp_path)
-    assert resolve_lock(recipe.for_platform("amd64"), one_lock("amd64").base).wheels  # negative control
+    assert resolve_lock(recipe.for_platform("amd64"), one_lock("amd64").base, template_sha256=template_sha256()).wheels  # negative control
     with pytest.raises(ResolveFailed) as caught:
-        resolve_lock(recipe.for_platform("arm64"), one_lock("arm64").base)
+        resolve_lock(recipe.for_platform("arm64"), one_lock("arm64").base, template_sha256=template_sha256())
     first_line = str(caught.value).splitlines()[0]
     assert "nvidia-cuda-runtime-cu11 11.7.99 has no wheel for linux/arm64 (aarch64-manylinux_2_36)" in first_line
 

@@ -26,6 +26,7 @@ from imagebuild.errors import EngineUnavailable, ToolMissing
 from imagebuild.image import export, oci
 from imagebuild.image.layout import read_image
 from imagebuild.lock import ensure_fresh, read_lock, uv_binary
+from imagebuild.render import template_sha256
 from imagebuild import flows
 from imagebuild.flows import ca_bundle, smoke
 from imagebuild.recipe.model import load_recipe
@@ -119,7 +120,7 @@ def builds(engine, fresh_engine, made, tmp_path_factory) -> Builds:
     lock_path = tmp / LOCK.name
     shutil.copyfile(LOCK, lock_path)
     recipe, lock = load_recipe(RECIPE), read_lock(lock_path)
-    ensure_fresh(lock, recipe, lock_path)
+    ensure_fresh(lock, recipe, lock_path, template_sha256=template_sha256())
     contexts = [render_context(lock, recipe, tmp / f"context-{n}", uv_path=uv_binary(),
                                lock_text=lock_path.read_text()) for n in "ab"]
     assert tree(contexts[0]) == tree(contexts[1]), "rendering the same lock twice gave two contexts"

@@ -348,7 +348,7 @@ def test_a_toolchain_piece_of_another_release_is_named_by_the_probe(write_recipe
     """The negative control: cuda-toolkit 13.0.2 without its crt and nvvm extras lets nvcc's own
     unpinned requirements pull crt and nvvm 13.5 beside nvcc 13.0 (the skew the flagship pins away):
     the toolchain the lock reads names them, and the probe's cuda-toolchain check says so."""
-    from imagebuild.payload.probe.toolchain import check_cuda_toolchain
+    from imagebuild.payload.probe.checks.toolchain import check_cuda_toolchain
     lock = resolved(write_recipe, ["cuda-toolkit[nvcc,cudart]==13.0.2"], "13.0", "skew")
     assert lock.packages["nvidia-cuda-crt"].startswith("13.5.") and "nvidia-cuda-crt" in lock.cuda["toolchain"]
     installed = {name: [version] for name, version in lock.packages.items()}

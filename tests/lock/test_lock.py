@@ -18,10 +18,12 @@ from imagebuild.lock import (Lock, LockedWheel, ensure_fresh, parse_lock, parse_
                              write_lock)
 from imagebuild.recipe.layers import LayerPlan
 from imagebuild.recipe.model import load_recipe
+from imagebuild.render import template_sha256
 from tests.json_fuzz import json_values, replace_one_field
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "locks"
 BOOKWORM = debian_identity({"libc6": "2.36-9+deb12u14", "python3": "3.11.2-1+b1"})
+TEMPLATE = template_sha256()  # render/Dockerfile.j2, as the flows hand it to the lock
 PLAN = LayerPlan(overrides={}, application=frozenset({"sgl-deep-gemm"}))
 
 SMALL = """\
@@ -143,8 +145,8 @@ def test_a_real_lock_with_one_field_replaced_never_tracebacks(data):
 def test_resolve_targets_the_base_not_the_host_and_is_byte_identical(write_recipe):
     recipe = load_recipe(write_recipe(SMALL.replace("requests==2.32.3", "pyyaml==6.0.2")))
     py312 = replace(BOOKWORM, python="3.12")
-    first = resolve_lock(recipe, py312)
-    second = resolve_lock(recipe, py312)
+    first = resolve_lock(recipe, py312, template_sha256=TEMPLATE)
+    second = resolve_lock(recipe, py312, template_sha256=TEMPLATE)
     assert first.to_json() == second.to_json()
     (pyyaml,) = first.wheels
     # The host runs 3.11: a cp312 manylinux wheel proves the resolve targeted the base.
@@ -154,7 +156,7 @@ def test_resolve_targets_the_base_not_the_host_and_is_byte_identical(write_recip
 
 def test_exclude_leaves_a_dependency_out_of_the_resolve(write_recipe):
     recipe = load_recipe(write_recipe(SMALL))
-    names = set(resolve_lock(recipe, BOOKWORM).packages)
+    names = set(resolve_lock(recipe, BOOKWORM, template_sha256=TEMPLATE).packages)
     assert "requests" in names and "idna" in names
     assert "urllib3" not in names
 
@@ -162,46 +164,49 @@ def test_exclude_leaves_a_dependency_out_of_the_resolve(write_recipe):
 def test_an_impossible_resolve_is_one_clear_error(write_recipe):
     recipe = load_recipe(write_recipe(SMALL.replace("requests==2.32.3", "requests==0.0.999")))
     with pytest.raises(ResolveFailed, match=r"uv could not resolve \[python\] for Python 3.11"):
-        resolve_lock(recipe, BOOKWORM)
+        resolve_lock(recipe, BOOKWORM, template_sha256=TEMPLATE)
 
 
 def test_a_changed_recipe_makes_the_lock_stale(write_recipe, tmp_path):
     path = write_recipe(SMALL)
     recipe = load_recipe(path)
-    lock = resolve_lock(recipe, BOOKWORM)
-    ensure_fresh(lock, recipe, tmp_path / "x.lock")  # fresh: no error
+    lock = resolve_lock(recipe, BOOKWORM, template_sha256=TEMPLATE)
+    ensure_fresh(lock, recipe, tmp_path / "x.lock", template_sha256=TEMPLATE)  # fresh: no error
     path.write_text(SMALL.replace("2.32.3", "2.32.4"))
     with pytest.raises(StaleLock, match=r"test.toml changed.*--relock"):
-        ensure_fresh(lock, load_recipe(path), tmp_path / "x.lock")
+        ensure_fresh(lock, load_recipe(path), tmp_path / "x.lock", template_sha256=TEMPLATE)
 
 
 def test_a_changed_template_makes_the_lock_stale(write_recipe, tmp_path):
+    """The lock records the template sha256 it is handed, and is stale against another one."""
     recipe = load_recipe(write_recipe(SMALL))
-    lock = replace(resolve_lock(recipe, BOOKWORM), template_sha256="0" * 64)
+    lock = resolve_lock(recipe, BOOKWORM, template_sha256=TEMPLATE)
+    assert lock.template_sha256 == TEMPLATE
+    ensure_fresh(lock, recipe, tmp_path / "x.lock", template_sha256=TEMPLATE)
     with pytest.raises(StaleLock, match="Dockerfile.j2 changed"):
-        ensure_fresh(lock, recipe, tmp_path / "x.lock")
+        ensure_fresh(lock, recipe, tmp_path / "x.lock", template_sha256="0" * 64)
 
 
 def test_changed_in_image_code_makes_the_lock_stale(write_recipe, tmp_path, monkeypatch):
     """The probe, patcher and pruner land in (or shape) the image: a lock names their checksum."""
     recipe = load_recipe(write_recipe(SMALL))
-    lock = resolve_lock(recipe, BOOKWORM)
+    lock = resolve_lock(recipe, BOOKWORM, template_sha256=TEMPLATE)
     assert lock.payload_sha256 == lock_module.payload_sha256()
-    ensure_fresh(lock, recipe, tmp_path / "x.lock")
+    ensure_fresh(lock, recipe, tmp_path / "x.lock", template_sha256=TEMPLATE)
     monkeypatch.setattr(lock_module, "payload_sha256", lambda: "9" * 64)
     with pytest.raises(StaleLock, match="in-image code .probe, patcher or pruner. changed"):
-        ensure_fresh(lock, recipe, tmp_path / "x.lock")
+        ensure_fresh(lock, recipe, tmp_path / "x.lock", template_sha256=TEMPLATE)
 
 
 def test_a_lock_from_before_the_payload_checksum_reads_and_is_stale(write_recipe, tmp_path):
     recipe = load_recipe(write_recipe(SMALL))
-    lock = resolve_lock(recipe, BOOKWORM)
+    lock = resolve_lock(recipe, BOOKWORM, template_sha256=TEMPLATE)
     data = json.loads(lock.to_json())
     del data["imagebuild"]["payload_sha256"]
     old = parse_lock(json.dumps(data), "old.lock")
     assert old.payload_sha256 == ""
     with pytest.raises(StaleLock, match="predates the checksum"):
-        ensure_fresh(old, recipe, tmp_path / "x.lock")
+        ensure_fresh(old, recipe, tmp_path / "x.lock", template_sha256=TEMPLATE)
 
 
 def test_locked_wheel_layers_follow_the_plan():
@@ -236,20 +241,20 @@ def test_a_changed_patch_file_makes_the_lock_stale(write_recipe, tmp_path):
     path = write_recipe(SMALL + '\n[[patches]]\npackage = "requests"\nfile = "fix.patch"\n')
     patch.write_text("--- a/requests/__init__.py\n+++ b/requests/__init__.py\n")
     recipe = load_recipe(path)
-    lock = resolve_lock(recipe, BOOKWORM)
+    lock = resolve_lock(recipe, BOOKWORM, template_sha256=TEMPLATE)
     assert lock.patches[0].package == "requests" and lock.patches[0].version == "2.32.3"
-    ensure_fresh(lock, recipe, tmp_path / "x.lock")
+    ensure_fresh(lock, recipe, tmp_path / "x.lock", template_sha256=TEMPLATE)
     patch.write_text(patch.read_text() + "@@ -1 +1 @@\n-a\n+b\n")
     with pytest.raises(StaleLock, match="a patch file changed"):
-        ensure_fresh(lock, load_recipe(path), tmp_path / "x.lock")
+        ensure_fresh(lock, load_recipe(path), tmp_path / "x.lock", template_sha256=TEMPLATE)
 
 
 def test_a_comment_or_reformatting_keeps_the_lock_fresh_and_a_changed_value_does_not(write_recipe, tmp_path):
     path = write_recipe(SMALL)
-    lock = resolve_lock(load_recipe(path), BOOKWORM)
+    lock = resolve_lock(load_recipe(path), BOOKWORM, template_sha256=TEMPLATE)
     path.write_text("# pinned for the 2025 images\n" + SMALL.replace('name = "imagebuild-test/small"',
                                                                      "name   =   'imagebuild-test/small'  # ours"))
-    ensure_fresh(lock, load_recipe(path), tmp_path / "x.lock")
+    ensure_fresh(lock, load_recipe(path), tmp_path / "x.lock", template_sha256=TEMPLATE)
     path.write_text(SMALL.replace('exclude_newer = "2025-06-01"', 'exclude_newer = "2025-06-02"'))
     with pytest.raises(StaleLock, match="test.toml changed since it was locked"):
-        ensure_fresh(lock, load_recipe(path), tmp_path / "x.lock")
+        ensure_fresh(lock, load_recipe(path), tmp_path / "x.lock", template_sha256=TEMPLATE)

@@ -44,7 +44,8 @@ def locked(write_recipe, tmp_path):
     # The first lock needs a patch that applies: take requests' wheel via a plain resolve first.
     from imagebuild.bootstrap import identify
     from imagebuild.lock import resolve_lock
-    first = resolve_lock(load_recipe(path), identify(load_recipe(path).base))
+    from imagebuild.render import template_sha256
+    first = resolve_lock(load_recipe(path), identify(load_recipe(path).base), template_sha256=template_sha256())
     (path.parent / "requests.patch").write_text(good_patch(first))
     report = flows.lock(path)
     return path, report

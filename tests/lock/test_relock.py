@@ -16,6 +16,7 @@ from imagebuild.flows.lock import version_moves
 from imagebuild.lock import default_lock_path, read_lock, resolve_lock, write_lock
 from imagebuild.lock.resolve import preferences_pylock
 from imagebuild.recipe.model import load_recipe
+from imagebuild.render import template_sha256
 from tests.fake_base import debian_identity
 
 RECIPE = """\
@@ -41,7 +42,7 @@ def locked_old(write_recipe, requirements: str):
     recipe = load_recipe(path)
     base = replace(debian_identity({"libc6": "2.36-9+deb12u14", "python3": "3.11.2-1+b1"}),
                    inputs_sha256=inputs_sha256(recipe.base))
-    write_lock(resolve_lock(recipe, base), default_lock_path(recipe))
+    write_lock(resolve_lock(recipe, base, template_sha256=template_sha256()), default_lock_path(recipe))
     path.write_text(RECIPE.format(requirements=requirements))
     return path
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from imagebuild.payload.probe.toolchain import no_home_cause, nvcc_wheels
+from imagebuild.payload.probe.checks.toolchain import no_home_cause, nvcc_wheels
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""What the probe compiles for deep_gemm, read from the installed release (payload/probe/deep_gemm_release.py).
+"""What the probe compiles for deep_gemm, read from the installed release (payload/probe/checks/deep_gemm_release.py).
 
 Pure parts on examples and arbitrary text; then the four real sgl-deep-gemm releases on PyPI (0.2.2,
 0.2.3, 0.2.3.post2 pinned, 0.2.5 newest): what is read from each, and a real nvcc compile of each in a
@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from imagebuild.payload import probe
-from imagebuild.payload.probe import cxx_source, deep_gemm_release as release
+from imagebuild.payload.probe.checks import cxx_source, deep_gemm_release as release
 
 RELEASES = ("0.2.2", "0.2.3", "0.2.3.post2", "0.2.5")
 PAYLOAD = Path(probe.__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild.payload.probe.findings_kernels import cached_archs, cubin_arch, finding_deep_gemm_cache
+from imagebuild.payload.probe.doctor.findings_kernels import cached_archs, cubin_arch, finding_deep_gemm_cache
 
 
 def write_cubin(path, sm: int) -> None:

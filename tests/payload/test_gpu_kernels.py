@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from imagebuild.payload.probe import gpu_kernels, gpu_launch
+from imagebuild.payload.probe.checks import gpu_kernels, gpu_launch
+from imagebuild.payload.probe.kernels import kernels_aot
 from tests.json_fuzz import json_values, replace_one_field
 from tests.releases import published_file, unpack_python
 
@@ -335,7 +336,7 @@ def test_a_dropped_op_argument_is_caught(sglang_releases, tmp_path):
 def test_the_manifest_fields_the_launches_read_are_the_builders(tmp_path):
     """The launches read the roots the build writes into the manifest (kernels_aot.build)."""
     source = Path(gpu_launch.__file__).read_text()
-    build = Path(gpu_launch.__file__).with_name("kernels_aot.py").read_text()
+    build = Path(kernels_aot.__file__).read_text()
     for key in ("flashinfer_aot_dir", "sglang_jit_cache_dir"):
         assert f'"{key}"' in source and f'"{key}"' in build
     json.dumps(SPEC)

@@ -79,4 +79,4 @@ def test_pythonpath_of_the_calling_shell_is_not_the_environment(changed_venv, mo
 
 def test_the_zipapp_carries_the_inventory_module():
     names = {name for name, _ in bundle.sources()}
-    assert "imagebuild_probe/inventory.py" in names
+    assert "imagebuild_probe/inventory/inventory.py" in names

@@ -1,4 +1,4 @@
-"""The [aot] step's kernel cache (payload/probe/kernel_cache.py): keys, entries, the bound, the jobs rule,
+"""The [aot] step's kernel cache (payload/probe/kernels/kernel_cache.py): keys, entries, the bound, the jobs rule,
 and the getpid shim that makes nvcc's objects repeatable, proven with the pip toolchain's real nvcc (two
 compiles in two processes differ without the shim, and are byte-identical with it)."""
 
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from imagebuild.payload.probe import kernel_cache, kernel_inputs
-from imagebuild.payload.probe.compile_resume import PROGRESS_MARK, Resumable, Watch, logged_outputs
-from imagebuild.payload.probe.kernel_cache import KernelCache
+from imagebuild.payload.probe.kernels import kernel_cache, kernel_inputs
+from imagebuild.payload.probe.kernels.compile_resume import PROGRESS_MARK, Resumable, Watch, logged_outputs
+from imagebuild.payload.probe.kernels.kernel_cache import KernelCache
 
 # Anonymous namespaces are what the module id names: the symbol nvcc makes differ from run to run.
 SOURCE = """namespace { __global__ void scale(float* x) { x[threadIdx.x] *= 2.0f; } }
@@ -337,7 +337,7 @@ def test_with_the_shim_two_different_compiles_get_different_temporary_names(real
 # ---------------------------------------------------------------- seeding from a folder in the cache's layout
 
 def seed_folder(tmp_path: Path) -> Path:
-    """Entries as flows/kernel_layer.py lays them out: two FlashInfer modules (one whose bytes are not the ones
+    """Entries as flows/kernels/layer.py lays them out: two FlashInfer modules (one whose bytes are not the ones
     its entry.json states) and one SGLang leaf."""
     source = tmp_path / "seed"
     for key, name, data, stated in (("a" * 64, "batch_prefill_x", b"\x7fELF one", b"\x7fELF one"),

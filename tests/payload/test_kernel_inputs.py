@@ -1,4 +1,4 @@
-"""What a FlashInfer module's compile reads (payload/probe/kernel_inputs.py), and its kernel cache key.
+"""What a FlashInfer module's compile reads (payload/probe/kernels/kernel_inputs.py), and its kernel cache key.
 
 On real releases: flashinfer-python 0.7.1 (previous), 0.7.2 (pinned by lockfiles/sglang-blackwell.lock) and 0.7.4
 (newest), each in a venv of its own with a CPU torch and the pip CUDA toolchain, its modules planned for the flagship's
@@ -24,12 +24,14 @@ from hypothesis import strategies as st
 
 from imagebuild.lock.resolve import uv_binary
 from imagebuild.payload import apply_patch
-from imagebuild.payload.probe import kernel_inputs
+from imagebuild.payload.probe.kernels import kernel_inputs
 from imagebuild.recipe.model import load_recipe
 from tests.conftest import missing_tool
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = REPO / "imagebuild" / "payload" / "probe"
+# The [aot] step runs kernels_aot.py beside the kernel modules and waste.py: both folders, as one search path.
+AOT_PATH = os.pathsep.join([str(PROBE / "kernels"), str(PROBE)])
 RELEASES = ("0.7.1", "0.7.2", "0.7.4")
 CPU_TORCH_WHEEL = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
 # What importing FlashInfer and planning its modules needs besides torch (flashinfer-python goes in with --no-deps:
@@ -39,8 +41,8 @@ STACK = ("apache-tvm-ffi==0.1.15.post2", "numpy==2.4.6", "jinja2==3.1.6", "einop
          "packaging==26.4", "filelock==4.3.2", "typing-extensions==4.16.0", "sympy==1.14.0", "networkx==3.6.1",
          "fsspec==2026.9.0", "cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.3.0")
 KEYS = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
+import json, os, sys
+sys.path[:0] = sys.argv[1].split(os.pathsep)
 import kernels_aot, kernel_inputs
 from flashinfer.jit import env
 spec = json.loads(sys.argv[2])
@@ -63,7 +65,7 @@ class Keyer:
         spec["sglang"] = False
         env = dict(os.environ, CUDA_HOME=str(cuda_home), FLASHINFER_WORKSPACE_BASE=str(workspace),
                    FLASHINFER_CUDA_ARCH_LIST="12.0f", PYTHONDONTWRITEBYTECODE="1")
-        self.process = subprocess.Popen([str(python), "-c", KEYS, str(PROBE), json.dumps(spec)], env=env, text=True,
+        self.process = subprocess.Popen([str(python), "-c", KEYS, AOT_PATH, json.dumps(spec)], env=env, text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def __call__(self, request: str = "keys") -> dict:
@@ -118,8 +120,8 @@ def test_each_release_plans_the_flagships_modules_and_keys_them_the_same_twice(r
 
 
 BACKENDS = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
+import json, os, sys
+sys.path[:0] = sys.argv[1].split(os.pathsep)
 import kernels_aot
 shape = {"dtype": "bfloat16", "kv_dtype": "fp8_e4m3", "head_dim": 128, "sliding_window": False, "logits_soft_cap": False}
 cases = {"hopper": ["9.0a"], "sm120": ["12.0f"], "both": ["9.0a", "12.0f"]}
@@ -135,7 +137,7 @@ def test_ragged_prefill_is_built_on_the_backend_sglang_gets_on_each_arch(release
     FA3 module is what a Hopper server loads (docs/zero-jit.md, "On a GPU")."""
     version, site, _ = release
     python = site.parents[2] / "bin" / "python"
-    done = subprocess.run([str(python), "-c", BACKENDS, str(PROBE)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([str(python), "-c", BACKENDS, AOT_PATH], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.splitlines()[-1]) == {"hopper": ["fa3"], "sm120": ["fa2"], "both": ["fa2", "fa3"],
                                                         "hopper, head dim 96": ["fa2"]}, version

@@ -1,5 +1,5 @@
 """Which FlashInfer modules a quantized MoE shape loads on SM12x, read from FlashInfer's source
-(payload/probe/kernels_moe.py), never imported.
+(payload/probe/kernels/kernels_moe.py), never imported.
 
 The real releases: 0.7.1 (previous), 0.7.2 (pinned by lockfiles/sglang-blackwell.lock), 0.7.4 (newest on
 PyPI, 2026-12-03), each its published file from PyPI's simple index, checked against the index's sha256,
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imagebuild.payload.probe import kernels_aot, kernels_moe
+from imagebuild.payload.probe.kernels import kernels_aot, kernels_moe
 from tests.releases import published_file, unpack_python
 
 RELEASES = {"0.7.1": "previous", "0.7.2": "pinned", "0.7.4": "newest"}
@@ -202,7 +202,7 @@ def cache_module(real_nvcc, cache: Path, name: str, sass=(120,)) -> Path:
 @pytest.mark.parametrize("version", RELEASES)
 def test_mock_gpu_doctor_names_each_nvfp4_kernel_the_cache_holds_for_an_sm120_gpu(releases, real_nvcc, tmp_path,
                                                                                 version):
-    from imagebuild.payload.probe.findings_kernels import finding_quantized_kernels
+    from imagebuild.payload.probe.doctor.findings_kernels import finding_quantized_kernels
     cache = tmp_path / "flashinfer-cache"
     paths = [cache_module(real_nvcc, cache, name) for name in
              ("fused_moe_120", "fp4_quantization_120f", "fp4_gemm_cutlass_sm120")]
@@ -216,7 +216,7 @@ def test_mock_gpu_doctor_names_each_nvfp4_kernel_the_cache_holds_for_an_sm120_gp
 
 def test_mock_gpu_a_missing_kernel_and_one_for_another_sm_both_compile_on_first_use(releases, real_nvcc, tmp_path):
     """The negative controls: no fused MoE at all, and an FP4 GEMM whose file holds SASS for sm_90 only."""
-    from imagebuild.payload.probe.findings_kernels import finding_quantized_kernels
+    from imagebuild.payload.probe.doctor.findings_kernels import finding_quantized_kernels
     cache = tmp_path / "flashinfer-cache"
     cache_module(real_nvcc, cache, "fp4_quantization_120f")
     cache_module(real_nvcc, cache, "fp4_gemm_cutlass_sm120", sass=(90,))
@@ -228,7 +228,7 @@ def test_mock_gpu_a_missing_kernel_and_one_for_another_sm_both_compile_on_first_
 
 
 def test_doctor_without_an_sm12x_target_says_so_and_takes_the_arch_list_when_there_is_no_gpu(releases, tmp_path):
-    from imagebuild.payload.probe.findings_kernels import finding_quantized_kernels
+    from imagebuild.payload.probe.doctor.findings_kernels import finding_quantized_kernels
     empty = tmp_path / "none"
     assert finding_quantized_kernels(doctor_facts(releases["0.7.2"], empty, caps=("9.0",)))["status"] == "skip"
     listed = finding_quantized_kernels(doctor_facts(releases["0.7.2"], empty, caps=(), arch_list="9.0a 12.0f"))

@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from imagebuild.payload import apply_patch
-from imagebuild.payload.probe import findings_host, gpus, report, stack, toolchain, zero_jit
+from imagebuild.payload.probe import gpus, report
+from imagebuild.payload.probe.checks import stack, toolchain, zero_jit
+from imagebuild.payload.probe.doctor import findings_host
 from tests.json_fuzz import json_values
 from tests.payload.test_apply_patch import FIXTURES, apply, demo_site, unified, write_patch
 

@@ -174,10 +174,12 @@ def test_zipapp_bytes_depend_on_the_source_alone(tmp_path):
     """Same source, other file times and modes: the same bytes (the image layer stays reproducible)."""
     copy = tmp_path / "probe"
     copy.mkdir()
-    for path in Path(bundle.SOURCE).glob("*.py"):
-        (copy / path.name).write_bytes(path.read_bytes())
-        (copy / path.name).chmod(0o600)
-        os.utime(copy / path.name, (1_800_000_000, 1_800_000_000))
+    for path in Path(bundle.SOURCE).rglob("*.py"):
+        target = copy / path.relative_to(bundle.SOURCE)
+        target.parent.mkdir(exist_ok=True)
+        target.write_bytes(path.read_bytes())
+        target.chmod(0o600)
+        os.utime(target, (1_800_000_000, 1_800_000_000))
     built = bundle.zipapp_bytes()
     assert built == bundle.zipapp_bytes(str(copy)) == PROBE.read_bytes()
     with zipfile.ZipFile(PROBE) as archive:
@@ -185,6 +187,7 @@ def test_zipapp_bytes_depend_on_the_source_alone(tmp_path):
     names = [entry.filename for entry in entries]
     assert names[0] == "__main__.py" and names[1:] == sorted(names[1:])
     assert f"{bundle.PACKAGE}/cli.py" in names and f"{bundle.PACKAGE}/__init__.py" in names
+    assert f"{bundle.PACKAGE}/checks/zero_jit.py" in names and f"{bundle.PACKAGE}/kernels/__init__.py" in names
     assert {entry.date_time for entry in entries} == {bundle.ZIP_EPOCH}
     assert {entry.compress_type for entry in entries} == {zipfile.ZIP_STORED}
 
@@ -501,7 +504,7 @@ def test_expect_rejects_malformed_stack_keys(key, value):
 
 def test_gpu_kernels_check_skips_without_a_gpu_or_without_torch():
     """It runs only where a GPU is visible (the task's device checks); here it must say why not."""
-    from imagebuild.payload.probe.gpu_kernels import check_gpu_kernels
+    from imagebuild.payload.probe.checks.gpu_kernels import check_gpu_kernels
     assert check_gpu_kernels({"torch_cuda": "13.0"}, gpu_visible=False)["detail"] == "no GPU visible"
     assert check_gpu_kernels({"torch_cuda": None}, gpu_visible=True)["detail"] == "no torch in the lock"
 
@@ -520,7 +523,7 @@ TRITON_GET_PTXAS = {
 @pytest.mark.parametrize("release", sorted(TRITON_GET_PTXAS))
 def test_cuda_home_reads_tritons_ptxas_choice_in_each_signature_stand_in_triton(release, tmp_path, monkeypatch):
     """A stand-in triton package (the test's own, named so), since Triton itself needs torch here."""
-    from imagebuild.payload.probe import toolchain
+    from imagebuild.payload.probe.checks import toolchain
     ptxas = tmp_path / "bin" / "ptxas"
     ptxas.parent.mkdir()
     for path in (ptxas, tmp_path / "bin" / "ptxas-blackwell"):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.payload.probe import kernels_aot, zero_jit
+from imagebuild.payload.probe.checks import zero_jit
+from imagebuild.payload.probe.kernels import kernels_aot
 
 SHAPE = {"name": "a", "head_dim": 128, "q_heads": 32, "kv_heads": 8, "tp": [1, 2], "dtype": "bfloat16",
          "kv_dtype": "bfloat16", "sliding_window": False, "logits_soft_cap": False, "rope": "neox",

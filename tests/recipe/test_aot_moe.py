@@ -15,9 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from imagebuild.errors import RecipeError
-from imagebuild.lock.lockfile import (model_configs, parse_lock, payload_sha256, recipe_sha256, stale_reasons,
-                                      template_sha256)
+from imagebuild.lock.lockfile import model_configs, parse_lock, payload_sha256, recipe_sha256, stale_reasons
 from imagebuild.recipe.model import Recipe, load_recipe
+from imagebuild.render import template_sha256
 from imagebuild.recipe.model_config import ModelConfigProblem, parse_model_config
 from tests.json_fuzz import json_values, replace_one_field
 from tests.lock.test_lock import _lock
@@ -301,10 +301,10 @@ def test_the_config_files_sha256_is_locked_and_an_edit_makes_the_lock_stale(fold
     again = parse_lock(lock.to_json(), "x.lock")
     assert again == lock and json.loads(lock.to_json())["model_configs"] == [
         {"shape": "glm-4.5-nvfp4-tp8", "file": "glm/config.json", "sha256": recipe.aot.model_configs[0].dims.sha256}]
-    assert stale_reasons(lock, recipe) == []
+    assert stale_reasons(lock, recipe, template_sha256=template_sha256()) == []
     config = folder / "glm" / "config.json"
     config.write_text(config.read_text().replace('"rope_theta": 1000000', '"rope_theta": 10000'))
-    assert stale_reasons(lock, load_recipe(path)) == [
+    assert stale_reasons(lock, load_recipe(path), template_sha256=template_sha256()) == [
         "a shape's model_config (config.json) changed since the lock was made"]
     # A lock with no model_config writes no key: the committed locks read and write as before.
     assert "model_configs" not in _lock().to_json()

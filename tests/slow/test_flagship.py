@@ -100,7 +100,7 @@ GPU_KERNELS_TOLD_A_GPU = """
 import json, os, sys
 sys.path.insert(0, "/opt/imagebuild/probe.pyz")
 from imagebuild_probe.expect import load_expect
-from imagebuild_probe.gpu_kernels import check_gpu_kernels
+from imagebuild_probe.checks.gpu_kernels import check_gpu_kernels
 expect, _ = load_expect("/opt/imagebuild/expect.json")
 check = check_gpu_kernels(expect, True)
 nvcc = os.path.join(expect["cuda"]["home"], "bin", "nvcc")

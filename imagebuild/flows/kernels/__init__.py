@@ -8,9 +8,9 @@
 """
 
 from imagebuild.flows.kernels.layer import KernelLayer, find_kernel_layer, lay_out, read_kernel_layer
-from imagebuild.flows.kernels.seed import SEED_TEMPLATE, seed_engine
+from imagebuild.flows.kernels.seed import seed_engine
 from imagebuild.flows.kernels.step import (KernelStepWatch, parse_progress, parse_seeded, parse_stats, progress_text,
                                            summary)
 
-__all__ = ["KernelLayer", "KernelStepWatch", "SEED_TEMPLATE", "find_kernel_layer", "lay_out", "parse_progress",
+__all__ = ["KernelLayer", "KernelStepWatch", "find_kernel_layer", "lay_out", "parse_progress",
            "parse_seeded", "parse_stats", "progress_text", "read_kernel_layer", "seed_engine", "summary"]

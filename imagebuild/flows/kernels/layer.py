@@ -6,7 +6,7 @@ image path, and the step's manifest, which gives each FlashInfer module the key 
 The next runner names the reference in --cache-from; its engine's kernel cache mount is empty, so when a
 layer below the step changed the step would compile everything again. Instead, this module reads that
 one layer from the registry (megabytes, where the image is gigabytes) and lays its kernels out as kernel
-cache entries (payload/probe/kernel_cache.py's layout), which seed.py puts into the mount. What it asks the
+cache entries (payload/probe/kernels/kernel_cache.py's layout), which seed.py puts into the mount. What it asks the
 registry (the image's manifest for this platform, its config, that layer's blob) it asks through registry/.
 
 Everything read here is outside input: a reference with no such image, an image without a kernel layer, a

@@ -13,9 +13,9 @@ import json
 from collections.abc import Callable
 
 from imagebuild.common import Progress, announce, quiet
-from imagebuild.payload.probe import kernel_cache
-from imagebuild.payload.probe.compile_resume import PROGRESS_MARK
-from imagebuild.payload.probe.kernels_aot import STATS_MARK
+from imagebuild.payload.probe.kernels import kernel_cache
+from imagebuild.payload.probe.kernels.compile_resume import PROGRESS_MARK
+from imagebuild.payload.probe.kernels.kernels_aot import STATS_MARK
 
 COUNTS = ("compiled", "reused", "jobs")
 STATES = ("reused", "compiling", "compiled")

@@ -230,7 +230,7 @@ def check_recipe(recipe: Recipe, glibc: str | None = None) -> list[Finding]:
     return findings + check_aot_quantization(recipe)
 
 
-# The quantizations whose kernels the [aot] step reads and prebuilds (payload/probe/kernels_moe.py READ)
+# The quantizations whose kernels the [aot] step reads and prebuilds (payload/probe/kernels/kernels_moe.py READ)
 PREBUILT_QUANTIZATIONS = ("none", "nvfp4")
 
 

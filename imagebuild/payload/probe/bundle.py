@@ -48,11 +48,13 @@ sys.exit(status)
 
 
 def sources(folder: str = SOURCE) -> list:
-    """(name in the zip, bytes) of every module in the package folder, in sorted order."""
-    names = sorted(name for name in os.listdir(folder) if name.endswith(".py"))
+    """(name in the zip, bytes) of every module in the package folder and its subpackages, in sorted order."""
+    names = sorted(os.path.relpath(os.path.join(here, name), folder).replace(os.sep, "/")
+                   for here, subfolders, found in os.walk(folder) if "__pycache__" not in here.split(os.sep)
+                   for name in found if name.endswith(".py"))
     files = [("__main__.py", ZIP_MAIN.encode())]
     for name in names:
-        with open(os.path.join(folder, name), "rb") as handle:
+        with open(os.path.join(folder, *name.split("/")), "rb") as handle:
             files.append((f"{PACKAGE}/{name}", handle.read()))
     return files
 

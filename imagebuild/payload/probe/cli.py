@@ -15,18 +15,18 @@ import argparse
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-from .deep_gemm import check_deep_gemm_sm120
-from .doctor import run_doctor
+from .checks.deep_gemm import check_deep_gemm_sm120
+from .doctor.doctor import run_doctor
 from .expect import NO_EXPECTATIONS, load_expect
-from .gpu_kernels import check_gpu_kernels
+from .checks.gpu_kernels import check_gpu_kernels
 from .gpus import DRIVER_VERSION_FILE
-from .inventory import run_inventory
+from .inventory.inventory import run_inventory
 from .report import FAIL, make_check, make_report
 from .system import installed_distributions, parallelism
-from .stack import check_flashinfer_dynamo, check_gpu, check_imports, check_torch_cuda, gpu_visible
+from .checks.stack import check_flashinfer_dynamo, check_gpu, check_imports, check_torch_cuda, gpu_visible
 from .waste import find_waste
-from .zero_jit import check_aot
-from .toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter, check_packages
+from .checks.zero_jit import check_aot
+from .checks.toolchain import check_cuda_home, check_cuda_toolchain, check_interpreter, check_packages
 
 
 CHECKS = ("interpreter", "packages", "cuda-toolchain", "cuda-home", "deep-gemm-sm120", "imports", "torch-cuda",

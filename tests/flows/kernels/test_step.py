@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from imagebuild.flows.kernels.step import KernelStepWatch, parse_progress, parse_seeded, parse_stats, progress_text, summary
-from imagebuild.payload.probe.compile_resume import PROGRESS_MARK
-from imagebuild.payload.probe.kernel_cache import SEED_MARK
-from imagebuild.payload.probe.kernels_aot import STATS_MARK
+from imagebuild.payload.probe.kernels.compile_resume import PROGRESS_MARK
+from imagebuild.payload.probe.kernels.kernel_cache import SEED_MARK
+from imagebuild.payload.probe.kernels.kernels_aot import STATS_MARK
 
 STATS = {"compiled": 2, "reused": 5, "seconds": 41.5, "jobs": 2, "cache": "/var/cache/imagebuild/kernels",
          "peak_compile_rss_mb": 1800, "cache_after": {"bytes": 1, "removed": 0, "bound": 8}}

@@ -7,7 +7,7 @@ job's time limit, an OOM, Ctrl-C) would start again from nothing. Its objects ar
 of the same keys compiles only what was left. The keys hold everything that decides the bytes (sources,
 flags, compilers, headers), so an object kept is the object that would be compiled; ninja's own log and
 deps decide which are finished. `Watch` reads the same log to say, per module, how many of its objects are
-done while the compile runs (one marked line each time a module advances: flows/kernels.py shows it). Standard
+done while the compile runs (one marked line each time a module advances: flows/kernels/step.py shows it). Standard
 library only.
 """
 

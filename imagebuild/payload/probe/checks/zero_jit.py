@@ -19,13 +19,13 @@ import os
 import sys
 import tempfile
 
-from .kernels_aot import describe
-from .gpus import sm_number
-from .report import FAIL, PASS, SKIP, make_check
-from .system import run_command, run_python_json
+from ..kernels.kernels_aot import describe
+from ..gpus import sm_number
+from ..report import FAIL, PASS, SKIP, make_check
+from ..system import run_command, run_python_json
 
 PROVE_TIMEOUT_S = 900
-PACKAGE = __name__.rpartition(".")[0]  # imagebuild_probe in the zipapp, imagebuild.payload.probe in the tree
+PACKAGE = __name__.rsplit(".", 2)[0]  # the probe: imagebuild_probe in the zipapp, imagebuild.payload.probe in the tree
 _NVCC_STANDIN = """#!/bin/sh
 # imagebuild's zero-JIT proof: nvcc may say its version (SGLang's cache key hashes it) and the archs it
 # knows (FlashInfer 0.7.2's get_nvcc_flags_list asks, compilation_context.py), never compile.
@@ -40,7 +40,7 @@ exit 1
 def package_root() -> str:
     """The folder to put on sys.path so that this package imports by its own name (zip or source tree)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for _ in PACKAGE.split("."):
+    for _ in __name__.split(".")[:-1]:
         here = os.path.dirname(here)
     return here
 
@@ -133,7 +133,7 @@ def check_aot(expect: dict) -> dict:
     if not hideable(cuda_home):
         return make_check("zero-jit", FAIL, f"cannot hide {cuda_home}/bin/nvcc for the proof (missing or read-only)",
                           problems=problems)
-    proof, status, errors, nvcc_calls, nvcc_queries = run_jit_off("kernels_aot", ["prove"], spec, manifest, cuda_home,
+    proof, status, errors, nvcc_calls, nvcc_queries = run_jit_off("kernels.kernels_aot", ["prove"], spec, manifest, cuda_home,
                                                                   PROVE_TIMEOUT_S)
     return _verdict(proof, status, errors, problems, nvcc_calls, manifest, nvcc_queries)
 
@@ -157,10 +157,10 @@ def hideable(cuda_home: str) -> bool:
 
 
 def run_jit_off(module: str, args: list, spec: dict, manifest: dict, cuda_home: str, timeout: float) -> tuple:
-    """This package's MODULE.main(ARGS + [aot.json, manifest]) in a child with FlashInfer's and SGLang's JIT off,
+    """The probe's MODULE.main(ARGS + [aot.json, manifest]) in a child with FlashInfer's and SGLang's JIT off,
     an empty FlashInfer workspace and nvcc behind the stand-in: (its JSON answer, exit status, stderr's tail,
     the compiles nvcc was asked for, the arch lists it gave)."""
-    with tempfile.TemporaryDirectory(prefix=f"imagebuild-{module}-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=f"imagebuild-{module.rpartition('.')[2]}-") as scratch:
         spec_path = os.path.join(scratch, "aot.json")
         with open(spec_path, "w") as handle:
             json.dump(spec, handle)

@@ -25,9 +25,9 @@ from .findings_cuda import (CONSUMER_LABELS, CUDA_VERSIONED, finding_consumer, f
 from .findings_kernels import finding_deep_gemm_cache, finding_quantized_kernels, read_manifest
 from .findings_host import (finding_driver, finding_flashinfer, finding_gpu_arch, finding_jit_cache, finding_python,
                             finding_triton)
-from .gpus import DRIVER_VERSION_FILE, read_driver, torch_facts
-from .report import FAIL, make_finding, make_report
-from .system import glibc_version
+from ..gpus import DRIVER_VERSION_FILE, read_driver, torch_facts
+from ..report import FAIL, make_finding, make_report
+from ..system import glibc_version
 
 
 def gather_facts(driver_file: str = DRIVER_VERSION_FILE) -> dict:

@@ -13,10 +13,10 @@ import os
 import shutil
 import tempfile
 
-from .deep_gemm_release import SM120, Unreadable, jit_command, jit_generators
-from .system import (cuda_home_rule, deep_gemm_cuda_home, locate_package, parse_nvcc_release, read_text,
+from ..checks.deep_gemm_release import SM120, Unreadable, jit_command, jit_generators
+from ..system import (cuda_home_rule, deep_gemm_cuda_home, locate_package, parse_nvcc_release, read_text,
                      run_command, same_path)
-from .toolchain import inspect_toolkit, nvcc_script_target
+from ..checks.toolchain import inspect_toolkit, nvcc_script_target
 
 FLASHINFER_DISTRIBUTIONS = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
 _SOURCE_MARKERS = {  # a consumer's CUDA lookup, as read in its source; checked so a changed rule shows

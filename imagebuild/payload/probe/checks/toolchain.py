@@ -15,9 +15,9 @@ import re
 import shutil
 import sys
 
-from .gpus import sm_number
-from .report import FAIL, PASS, SKIP, WARN, make_check
-from .system import (canonical_name, cuda_home_by_rule, deep_gemm_cuda_home, installed_distributions,
+from ..gpus import sm_number
+from ..report import FAIL, PASS, SKIP, WARN, make_check
+from ..system import (canonical_name, cuda_home_by_rule, deep_gemm_cuda_home, installed_distributions,
                      interpreter_prefix, major_minor, package_dir, parse_nvcc_release, read_text, run_command,
                      run_python_json, same_path)
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 
-from .gpus import runs_on
-from .report import FAIL, PASS, SKIP, make_check
-from .system import last_line, run_python_json
+from ..gpus import runs_on
+from ..report import FAIL, PASS, SKIP, make_check
+from ..system import last_line, run_python_json
 from .zero_jit import cuda_home_of, hideable, read_manifest, run_jit_off
 
 NAME = "gpu-kernels"
@@ -38,7 +38,7 @@ def check_gpu_kernels(expect: dict, gpu_visible: bool) -> dict:
     cuda_home = cuda_home_of(expect)
     if not hideable(cuda_home):
         return make_check(NAME, FAIL, f"cannot hide {cuda_home}/bin/nvcc for the launches (missing or read-only)")
-    answer, status, errors, nvcc_calls, _ = run_jit_off("gpu_launch", [], spec, manifest, cuda_home, LAUNCH_TIMEOUT_S)
+    answer, status, errors, nvcc_calls, _ = run_jit_off("checks.gpu_launch", [], spec, manifest, cuda_home, LAUNCH_TIMEOUT_S)
     return kernels_verdict(answer, status, errors, manifest, spec, nvcc_calls)
 
 

@@ -13,8 +13,8 @@ import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-from .report import FAIL, PASS, SKIP, WARN, make_check
-from .system import last_line, major_minor, package_dir, run_command, run_python_json
+from ..report import FAIL, PASS, SKIP, WARN, make_check
+from ..system import last_line, major_minor, package_dir, run_command, run_python_json
 
 _IMPORT = ("import importlib, json, sys, time; t = time.time(); m = importlib.import_module(sys.argv[1]); "
            "print(json.dumps({'version': str(getattr(m, '__version__', '') or ''), "

@@ -25,7 +25,7 @@ the bound (IMAGEBUILD_KERNEL_CACHE_BYTES, 8 GiB by default). A compile writes it
 cache as it goes (compile_resume.py), so a step interrupted after hours (a CI job's time limit, an OOM, Ctrl-C)
 starts again from the objects it finished; a clean end removes them. A fresh runner's engine has an empty mount:
 `python kernel_cache.py seed FOLDER ROOT` adds the entries of a folder in the same layout (the kernel layer of
-a registry build cache, imagebuild/flows/kernel_layer.py) that ROOT lacks. Standard library only.
+a registry build cache, imagebuild/flows/kernels/layer.py) that ROOT lacks. Standard library only.
 """
 
 from __future__ import annotations

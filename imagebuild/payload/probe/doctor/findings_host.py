@@ -10,9 +10,9 @@ import os
 
 from .consumers import triton_ptxas_for
 from .environments import STACK_DISTRIBUTIONS, install_command, stack_summary
-from .gpus import arch_number, runs_on
-from .report import FAIL, PASS, SKIP, UNKNOWN, WARN, make_finding, shell_fix
-from .system import same_path
+from ..gpus import arch_number, runs_on
+from ..report import FAIL, PASS, SKIP, UNKNOWN, WARN, make_finding, shell_fix
+from ..system import same_path
 
 
 def finding_driver(facts: dict) -> dict:

@@ -16,8 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .deep_gemm_release import SM120_KERNELS, NoKernel, Unreadable, jit_command, jit_generators, kernel_plan, sm_targets
-from .report import FAIL, PASS, SKIP, UNKNOWN, make_check
-from .system import deep_gemm_cuda_home, package_dir, run_command
+from ..report import FAIL, PASS, SKIP, UNKNOWN, make_check
+from ..system import deep_gemm_cuda_home, package_dir, run_command
 
 EM_CUDA = 190  # ELF e_machine of a cubin
 COMPILE_TIMEOUT_S = 600

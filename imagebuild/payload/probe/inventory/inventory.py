@@ -34,9 +34,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from email.parser import HeaderParser
 
-from .findings_cuda import CUDA_VERSIONED
-from .gpus import DRIVER_VERSION_FILE, read_driver, torch_facts
-from .system import canonical_name, glibc_version, parallelism
+from ..doctor.findings_cuda import CUDA_VERSIONED
+from ..gpus import DRIVER_VERSION_FILE, read_driver, torch_facts
+from ..system import canonical_name, glibc_version, parallelism
 
 INVENTORY_FORMAT = 1
 MAX_CONTENT = 4 << 20  # a modified file's bytes travel in the report up to this size...

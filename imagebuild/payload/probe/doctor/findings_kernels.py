@@ -13,11 +13,11 @@ import glob
 import json
 import os
 
-from .deep_gemm import EM_CUDA, parse_cubin_header
-from .gpus import sm_number
-from .kernels_moe import family_for, moe_plan
-from .report import FAIL, PASS, SKIP, WARN, make_finding, shell_fix
-from .waste import elf_sections, fatbin_code
+from ..checks.deep_gemm import EM_CUDA, parse_cubin_header
+from ..gpus import sm_number
+from ..kernels.kernels_moe import family_for, moe_plan
+from ..report import FAIL, PASS, SKIP, WARN, make_finding, shell_fix
+from ..waste import elf_sections, fatbin_code
 
 KERNEL_MANIFEST = "/opt/imagebuild/aot-manifest.json"
 OFF = ("0", "false", "False", "no")

@@ -33,7 +33,7 @@ import time
 
 try:
     from . import compile_resume, kernel_cache, kernel_inputs, kernels_moe
-    from .waste import elf_sections, fatbin_code
+    from ..waste import elf_sections, fatbin_code
 except ImportError:  # run as a script from a folder holding the modules above too (the [aot] step)
     import compile_resume
     import kernel_cache
@@ -368,7 +368,7 @@ def build_flashinfer(spec: dict, cache, jobs: int, build_wide: dict) -> tuple:
 # What ninja writes beside SGLang's module: each command's start and end times. SGLang never reads it (a leaf is
 # never built again once published; sglang/kernels/jit/utils/compile/cache.py), so the image's copy leaves it out.
 # The module's record (kernel_cache.SGLANG_RECORD) stays: a registry's kernel layer seeds a fresh runner's cache
-# (flows/kernel_layer.py), and the seed checks each leaf against it.
+# (flows/kernels/layer.py), and the seed checks each leaf against it.
 BUILD_LOGS = (".ninja_log",)
 
 
@@ -631,7 +631,7 @@ def main(argv: list) -> int:
         manifest, stats = build(_read(argv[1]), argv[2])
         for artifact in manifest["artifacts"]:
             print(f"{artifact['kind']:10} {artifact['bytes']:>10} sass={artifact['sass']} {artifact['name']}")
-        print(STATS_MARK + json.dumps(stats, sort_keys=True))  # read by flows/kernels.py from the build's output
+        print(STATS_MARK + json.dumps(stats, sort_keys=True))  # read by flows/kernels/step.py from the build's output
         return 0
     if len(argv) == 3 and argv[0] == "prove":
         print(json.dumps(prove(_read(argv[1]), _read(argv[2]))))

@@ -9,9 +9,9 @@ import os
 import re
 
 from .environments import install_command
-from .report import FAIL, PASS, SKIP, WARN, make_finding, shell_fix
-from .system import cuda_home_rule, major_minor
-from .toolchain import inspect_toolkit, missing_pieces
+from ..report import FAIL, PASS, SKIP, WARN, make_finding, shell_fix
+from ..system import cuda_home_rule, major_minor
+from ..checks.toolchain import inspect_toolkit, missing_pieces
 
 # Distributions whose version's major.minor is a CUDA version: compat.toml [[toolchain]], mirrored
 # here because images do not carry that file (a test keeps the two in step).

@@ -19,7 +19,7 @@ import sys
 import time
 
 try:
-    from . import kernels_aot
+    from ..kernels import kernels_aot
 except ImportError:  # run as a script beside kernels_aot.py
     import kernels_aot
 

@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 
-from .system import canonical_name, locate_package, read_text, run_command, same_path
+from ..system import canonical_name, locate_package, read_text, run_command, same_path
 
 # What makes an interpreter "hold the stack"; torch first, since it decides the CUDA version.
 STACK_DISTRIBUTIONS = ("torch", "sglang", "vllm", "flashinfer-python", "sgl-deep-gemm", "sglang-kernel",

@@ -1,0 +1,1 @@
+"""Inventory mode (`probe --inventory`): what an environment holds, for `imagebuild adopt`."""

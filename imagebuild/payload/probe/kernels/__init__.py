@@ -1,0 +1,1 @@
+"""The kernel builders the [aot] build step runs (copied beside kernels_aot.py, run as scripts), and their cache."""
