@@ -24,8 +24,7 @@ from imagebuild.errors import ImagebuildError
 from imagebuild.payload.probe import bundle
 
 PROBE_TIMEOUT_S = 600  # hashing every installed file of a 10 GB stack takes a while
-MAX_INLINE_PAYLOAD = 120_000  # one argv string holds at most 128 KiB on Linux (MAX_ARG_STRLEN)
-_IN_IMAGE = ('for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -c "$1" "$2" '
+_IN_IMAGE = ('for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -c "$@" '
              '--inventory; fi; done; echo "imagebuild adopt: no python3 or python on PATH in this image" >&2; '
              'exit 127')
 
@@ -123,12 +122,12 @@ class Inventory:
 
 # ---- taking it -----------------------------------------------------------------------------------
 
-def _payload() -> str:
-    payload = bundle.inline_payload()
-    if len(payload) > MAX_INLINE_PAYLOAD:
-        raise AdoptError(f"the probe's zipapp has grown past {MAX_INLINE_PAYLOAD} bytes and no longer fits one "
-                         "argument")
-    return payload
+def _payload() -> list:
+    """The probe's zipapp as the arguments bundle.BOOTSTRAP unpacks."""
+    try:
+        return bundle.inline_args()
+    except ValueError as err:
+        raise AdoptError(str(err)) from None
 
 
 def take_inventory(python: str, *, timeout: float = PROBE_TIMEOUT_S) -> Inventory:
@@ -141,7 +140,7 @@ def take_inventory(python: str, *, timeout: float = PROBE_TIMEOUT_S) -> Inventor
         raise AdoptError(f"--python {python}: not an executable file, so not a Python interpreter; give the "
                          "environment's interpreter (a venv's is VENV/bin/python)")
     try:
-        done = subprocess.run([python, "-c", bundle.BOOTSTRAP, _payload(), "--inventory"], capture_output=True,
+        done = subprocess.run([python, "-c", bundle.BOOTSTRAP, *_payload(), "--inventory"], capture_output=True,
                               text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL, env=_environment())
     except OSError as err:
         raise AdoptError(f"--python {python}: cannot be run ({err.strerror or err}), so not a Python interpreter")
@@ -160,8 +159,8 @@ def take_inventory_in_image(image: str, engine: Engine, *, python: str | None = 
     native = (info.platform or "linux/amd64").split("/")[1:2] == [host_arch()]
     gpus = native and os.path.exists("/dev/nvidiactl")
     payload = _payload()
-    command = [python, "-c", bundle.BOOTSTRAP, payload, "--inventory"] if python else \
-        ["sh", "-c", _IN_IMAGE, "sh", bundle.BOOTSTRAP, payload]
+    command = [python, "-c", bundle.BOOTSTRAP, *payload, "--inventory"] if python else \
+        ["sh", "-c", _IN_IMAGE, "sh", bundle.BOOTSTRAP, *payload]
     result = engine.run(image, command, network=False, gpus=gpus, timeout=timeout)
     if result.timed_out:
         raise AdoptError(f"{where}: the inventory probe did not finish in {timeout:.0f} s")

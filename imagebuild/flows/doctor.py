@@ -39,8 +39,7 @@ APPLY_PATCH = payload.PATCHER
 FLASHINFER_PATCH = Path(__file__).resolve().parents[2] / "recipes" / "patches" / "flashinfer-cuda-version.patch"
 PROBE_TIMEOUT_S = 120
 # One argv string may hold at most 128 KiB on Linux (MAX_ARG_STRLEN): the zipapp travels as one argument.
-MAX_INLINE_PAYLOAD = 120_000
-_FIND_PYTHON = ('for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -c "$1" "$2" '
+_FIND_PYTHON = ('for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -c "$@" '
                 '--doctor; fi; done; echo "imagebuild doctor: no python3 or python on PATH in this image" >&2; '
                 'exit 127')
 
@@ -97,7 +96,7 @@ def diagnose(python: str | None = None, *, env: Mapping[str, str] | None = None,
     interpreter = python or shutil.which("python3", path=path) or shutil.which("python", path=path)
     if interpreter is None:
         raise ToolMissing("no python3 or python on PATH: give the interpreter to diagnose with --python PATH")
-    argv = [interpreter, "-c", bundle.BOOTSTRAP, inline_probe(), "--doctor"]
+    argv = [interpreter, "-c", bundle.BOOTSTRAP, *inline_probe(), "--doctor"]
     argv += ["--driver-file", str(driver_file)] if driver_file else []
     try:
         done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, check=False)
@@ -131,8 +130,8 @@ def diagnose_image(image: str, engine: Engine, *, python: str | None = None, env
                             time.monotonic() - started, platform=runs)
     payload = inline_probe()
     changes = [f"-u{key}" for key in unset] + [f"{key}={value}" for key, value in (env or {}).items()]
-    run = [python, "-c", bundle.BOOTSTRAP, payload, "--doctor"] if python else \
-        ["sh", "-c", _FIND_PYTHON, "sh", bundle.BOOTSTRAP, payload]
+    run = [python, "-c", bundle.BOOTSTRAP, *payload, "--doctor"] if python else \
+        ["sh", "-c", _FIND_PYTHON, "sh", bundle.BOOTSTRAP, *payload]
     command = (["env", *changes] if changes else []) + run
     if gpus is None:  # the host's driver libraries are of the host's architecture, useless when emulated
         gpus = os.path.exists("/dev/nvidiactl") and not runs["emulated"]
@@ -196,13 +195,12 @@ def platform_finding(runs: Mapping) -> Finding:
         image=image, host=host, binfmt=binfmt)
 
 
-def inline_probe() -> str:
-    """The probe's zipapp as the one argument bundle.BOOTSTRAP unpacks."""
-    payload = bundle.inline_payload()
-    if len(payload) > MAX_INLINE_PAYLOAD:
-        raise DoctorFailed(f"the probe's zipapp has grown past {MAX_INLINE_PAYLOAD} bytes (compressed, base64) "
-                           "and no longer fits one argument")
-    return payload
+def inline_probe() -> list:
+    """The probe's zipapp as the arguments bundle.BOOTSTRAP unpacks."""
+    try:
+        return bundle.inline_args()
+    except ValueError as err:
+        raise DoctorFailed(str(err)) from None
 
 
 def _report(stdout: str, status: int, stderr: str, where: str) -> dict:

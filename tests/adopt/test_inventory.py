@@ -25,7 +25,7 @@ def real_report(tmp_path_factory):
     python = make_venv(tmp_path_factory.mktemp("report") / "venv", *SMALL)
     with open(site_packages(python) / "six.py", "ab") as handle:
         handle.write(b"# edited\n")
-    done = subprocess.run([str(python), "-c", bundle.BOOTSTRAP, bundle.inline_payload(), "--inventory"],
+    done = subprocess.run([str(python), "-c", bundle.BOOTSTRAP, *bundle.inline_args(), "--inventory"],
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 

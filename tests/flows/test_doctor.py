@@ -426,7 +426,7 @@ def test_doctor_probe_runs_under_python_3_9(envs, tmp_path):
 
 def test_doctor_probe_runs_from_its_inline_zipapp_alone(tmp_path):
     """How --image runs it: `python -c BOOTSTRAP PAYLOAD --doctor`, with no file of imagebuild's there."""
-    done = subprocess.run([sys.executable, "-c", bundle.BOOTSTRAP, bundle.inline_payload(), "--doctor"],
+    done = subprocess.run([sys.executable, "-c", bundle.BOOTSTRAP, *bundle.inline_args(), "--doctor"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     report = json.loads(done.stdout)
     assert report["mode"] == "doctor" and done.returncode == (0 if report["ok"] else 1)

@@ -3,6 +3,7 @@ against a venv holding the pip CUDA 13.0 toolchain and sgl-deep-gemm (no Docker,
 
 from __future__ import annotations
 
+import base64
 import ast
 import glob
 import json
@@ -200,11 +201,34 @@ def test_bootstrap_runs_the_inline_zipapp_without_a_file_of_ours(tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = dict(os.environ, TMPDIR=str(scratch))
-    done = subprocess.run([sys.executable, "-c", bundle.BOOTSTRAP, bundle.inline_payload(), "--expect",
+    done = subprocess.run([sys.executable, "-c", bundle.BOOTSTRAP, *bundle.inline_args(), "--expect",
                            str(tmp_path / "absent.json")], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 2 and "cannot read" in json.loads(done.stdout)["checks"][0]["detail"]
     assert list(scratch.iterdir()) == []
+
+
+def test_bootstrap_takes_the_zipapp_in_several_arguments(tmp_path):
+    """Linux takes one argument of at most 128 KiB: a probe that compresses to several chunks still runs,
+    every chunk under the limit, and the probe's own arguments come after them."""
+    folder = tmp_path / "probe"
+    shutil.copytree(bundle.SOURCE, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (folder / "ballast.py").write_text(f"DATA = {base64.b64encode(os.urandom(250_000)).decode()!r}\n")
+    args = bundle.inline_args(str(folder))
+    assert int(args[0]) == len(args) - 1 >= 3, f"{args[0]} chunks"
+    assert all(0 < len(chunk) <= bundle.ARG_CHUNK for chunk in args[1:])
+    assert "".join(args[1:]) == bundle.inline_payload(str(folder))
+    done = subprocess.run([sys.executable, "-c", bundle.BOOTSTRAP, *args, "--expect", str(tmp_path / "absent.json")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and "cannot read" in json.loads(done.stdout)["checks"][0]["detail"], done.stderr
+
+
+def test_a_probe_past_the_command_line_is_refused_before_it_runs(monkeypatch):
+    """The negative control: past MAX_INLINE characters in all, one ValueError naming the size."""
+    size = len(bundle.inline_payload())
+    monkeypatch.setattr(bundle, "MAX_INLINE", size - 1)
+    with pytest.raises(ValueError, match=f"grown to {size} characters"):
+        bundle.inline_args()
 
 
 def fake_toolkit(root: Path, release: str = "13.0", lib64: bool = True) -> Path:

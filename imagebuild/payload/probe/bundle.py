@@ -24,7 +24,9 @@ ZIP_MODE = (stat.S_IFREG | 0o644) << 16
 SOURCE = os.path.dirname(os.path.abspath(__file__))
 
 # How doctor runs the zipapp under another interpreter or in a container, where no file of ours
-# exists: `python -c BOOTSTRAP PAYLOAD ARGS...`, PAYLOAD being inline_payload(). The working folder
+# exists: `python -c BOOTSTRAP COUNT CHUNK... ARGS...`, COUNT CHUNK... being inline_args(): the zipapp,
+# compressed and base64, cut into COUNT arguments, since Linux takes one argument of at most 128 KiB
+# (MAX_ARG_STRLEN) but some 2 MiB of them in all (ARG_MAX, with the environment). The working folder
 # leaves sys.path first (its modules must not shadow the stdlib), and the zip goes to a temporary
 # file for zipimport. Kept free of Python 3 syntax: an old interpreter fails on the package's own
 # code, with a SyntaxError that doctor recognises.
@@ -33,11 +35,12 @@ import sys
 if sys.path and sys.path[0] in ("", "."):
     del sys.path[0]
 import base64, os, tempfile, zlib
+count = int(sys.argv[1])
 handle, path = tempfile.mkstemp(prefix="imagebuild-probe-", suffix=".pyz")
 try:
     with os.fdopen(handle, "wb") as out:
-        out.write(zlib.decompress(base64.b64decode(sys.argv[1])))
-    sys.argv[:2] = [path]
+        out.write(zlib.decompress(base64.b64decode("".join(sys.argv[2:2 + count]))))
+    sys.argv[:2 + count] = [path]
     sys.path.insert(0, path)
     from {PACKAGE}.cli import main
     status = main()
@@ -76,6 +79,21 @@ def write_zipapp(path, folder: str = SOURCE):
     return path
 
 
+ARG_CHUNK = 100_000  # characters per argument, under MAX_ARG_STRLEN (131072 bytes with its NUL)
+MAX_INLINE = 1_000_000  # characters in all: half of ARG_MAX's usual 2 MiB, the rest for the environment
+
+
 def inline_payload(folder: str = SOURCE) -> str:
-    """The zipapp as one ASCII argument for BOOTSTRAP: zlib-compressed, then base64."""
+    """The zipapp as ASCII: zlib-compressed, then base64."""
     return base64.b64encode(zlib.compress(zipapp_bytes(folder), 9)).decode("ascii")
+
+
+def inline_args(folder: str = SOURCE) -> list:
+    """The arguments BOOTSTRAP takes before the probe's own: how many chunks, then the chunks of
+    inline_payload(), each at most ARG_CHUNK characters. ValueError past MAX_INLINE characters in all."""
+    payload = inline_payload(folder)
+    if len(payload) > MAX_INLINE:
+        raise ValueError(f"the probe's zipapp has grown to {len(payload)} characters (compressed, base64), past "
+                         f"the {MAX_INLINE} a command line can carry beside its environment")
+    chunks = [payload[start:start + ARG_CHUNK] for start in range(0, len(payload), ARG_CHUNK)]
+    return [str(len(chunks)), *chunks]
