@@ -13,7 +13,7 @@ from typing import NoReturn
 import pytest
 from hypothesis import settings
 
-from tests import engine_daemon, engine_leftovers, timeline
+from tests import engine_daemon, engine_leftovers, registry_server, timeline
 
 # No per-example deadline: a property must hold, not run fast (a loaded CI machine is not a failure).
 settings.register_profile("imagebuild", deadline=None)
@@ -107,6 +107,14 @@ def write_recipe(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture
+def registry(tmp_path):
+    """A real registry of this test's own (docker-registry on a loopback port, plain HTTP, no users),
+    stopped after it. A test file that needs more (users, TLS, its own cache folder) wraps or replaces it."""
+    with registry_server.serving(tmp_path / "registry") as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

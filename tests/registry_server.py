@@ -13,6 +13,8 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,6 +29,14 @@ TOOLS = {"docker-registry": "docker-registry", "skopeo": "skopeo", "htpasswd": "
 def missing_tools() -> list[str]:
     return [f"{tool} (apt-get install -y {package})" for tool, package in TOOLS.items()
             if shutil.which(tool) is None]
+
+
+def require_tools() -> None:
+    """A registry test that cannot run here says which tools it lacks (and fails under CI)."""
+    from tests.conftest import cannot_run  # conftest imports this module
+    missing = missing_tools()
+    if missing:
+        cannot_run("registry tests need " + ", ".join(missing), "scripts/host.sh installs them")
 
 
 def free_port() -> int:
@@ -225,6 +235,17 @@ def start_registry(folder: Path, *, users: dict[str, str] | None = None, tls: Tl
             time.sleep(0.1)
     registry.stop()
     raise RuntimeError(f"docker-registry did not answer: {log.read_text()[-2000:]}")
+
+
+@contextmanager
+def serving(folder: Path, **options) -> Iterator[Registry]:
+    """start_registry for one test or fixture: the tools checked first, the server stopped after."""
+    require_tools()
+    server = start_registry(folder, **options)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 # ---------------------------------------------------------------- a proxy that misbehaves once

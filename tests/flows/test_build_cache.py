@@ -9,7 +9,6 @@ import json
 import re
 import shutil
 
-import pytest
 import requests
 
 from imagebuild.cli.app import main as cli_main
@@ -17,7 +16,6 @@ from imagebuild.engine.buildah import cache_flags as buildah_flags
 from imagebuild.engine.contract import BuildCache
 from imagebuild.engine.docker import cache_flags as docker_flags
 from imagebuild.image.export import BUILDKIT_CACHE_KEY, normalized_config
-from tests import registry_server
 from tests.conftest import cannot_run
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -54,16 +52,6 @@ def test_a_cache_reference_without_a_registry_host_is_refused_before_anything_ru
 
 
 # ---------------------------------------------------------------- two runners, one registry
-
-@pytest.fixture
-def registry(tmp_path):
-    missing = registry_server.missing_tools()
-    if missing:
-        cannot_run("registry tests need " + ", ".join(missing), "scripts/host.sh installs them")
-    server = registry_server.start_registry(tmp_path / "registry")
-    yield server
-    server.stop()
-
 
 def cache_diff_ids(registry, reference: str) -> tuple[list[str], dict]:
     """The diff_ids and config of the image pushed as a build cache."""

@@ -21,8 +21,6 @@ from imagebuild.lock import read_lock
 from imagebuild.flows.by_lock import RegistryTarget, find_by_lock, lock_tag
 from imagebuild.image.oci import parse_manifest
 from imagebuild.registry import Connection, get_blob, get_manifest
-from tests import registry_server
-from tests.conftest import cannot_run
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "cuda-toolchain.toml"
@@ -31,14 +29,9 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.fixture
-def registry(tmp_path, monkeypatch):
-    missing = registry_server.missing_tools()
-    if missing:
-        cannot_run("registry tests need " + ", ".join(missing), "scripts/host.sh installs them")
+def registry(registry, tmp_path, monkeypatch):
     monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))  # no blob-mount memory from other runs
-    server = registry_server.start_registry(tmp_path / "registry")
-    yield server
-    server.stop()
+    return registry
 
 
 def blob_downloads(log: Path) -> list[str]:

@@ -13,7 +13,6 @@ from imagebuild import flows
 from imagebuild.bootstrap import ensure_base_image
 from imagebuild.lock import read_lock
 from imagebuild.recipe import load_recipe
-from tests.registry_server import missing_tools, start_registry
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = "/usr/bin/docker"
@@ -25,15 +24,6 @@ def docker(*args: str) -> str:
     done = subprocess.run([DOCKER, *args], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
-
-
-@pytest.fixture
-def registry(tmp_path):
-    if missing_tools():
-        pytest.fail(f"tools missing: {missing_tools()} (scripts/host.sh installs them)")
-    server = start_registry(tmp_path / "registry")
-    yield server
-    server.stop()
 
 
 def test_a_digest_pinned_base_builds_and_smokes(engine, registry, write_recipe):

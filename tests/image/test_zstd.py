@@ -204,13 +204,8 @@ built_from: dict[str, Path] = {}  # true_image's build context, for a second eng
 
 
 @pytest.fixture
-def server(tmp_path):
-    missing = registry_server.missing_tools()
-    if missing:
-        cannot_run("registry tests need " + ", ".join(missing), "scripts/host.sh installs them")
-    started = registry_server.start_registry(tmp_path / "registry")
-    yield started
-    started.stop()
+def server(registry):
+    return registry
 
 
 @pytest.mark.engine

@@ -25,7 +25,6 @@ REPO = f"imagebuild-test/push-index-{os.getpid()}"
 
 
 from tests.registry.test_registry import isolated  # noqa: E402,F401 -- autouse: no credentials, config or cache of the machine
-from tests.conftest import cannot_run
 
 
 def imagebuild(capsys, *argv) -> tuple[int, dict]:
@@ -38,9 +37,7 @@ def imagebuild(capsys, *argv) -> tuple[int, dict]:
 def layouts(engine, tmp_path_factory):
     """The index layout export-oci writes for an amd64 and an arm64 image, and the single-image
     layout of the arm64 one (each with SBOMs attached)."""
-    missing = registry_server.missing_tools()
-    if missing:
-        cannot_run("needs " + ", ".join(missing), "scripts/host.sh installs them")
+    registry_server.require_tools()
     folder = tmp_path_factory.mktemp("push-index")
     refs = [f"{REPO}:7-amd64", f"{REPO}:7-arm64"]
     try:

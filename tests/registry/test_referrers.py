@@ -25,8 +25,6 @@ from imagebuild.image.oci import MEDIA_CONFIG, MEDIA_LAYER_TAR, Descriptor, cano
 from imagebuild.registry import (Connection, PushOptions, RegistryClient, RegistryError, attach, get_manifest, push,
                                  list_referrers, read_artifact)
 from imagebuild.registry.referrers import fallback_tag
-from tests import registry_server
-from tests.conftest import cannot_run
 
 LOCK = "a1" * 32
 OTHER_LOCK = "b2" * 32
@@ -34,15 +32,10 @@ REPORT = {"ok": True, "checks": [{"name": "python", "status": "pass"}, {"name": 
 
 
 @pytest.fixture
-def registry(tmp_path, monkeypatch):
-    missing = registry_server.missing_tools()
-    if missing:
-        cannot_run("registry tests need " + ", ".join(missing), "scripts/host.sh installs them")
+def registry(registry, tmp_path, monkeypatch):
     monkeypatch.setenv("IMAGEBUILD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
-    server = registry_server.start_registry(tmp_path / "registry")
-    yield server
-    server.stop()
+    return registry
 
 
 def tiny_layout(folder: Path, labels: dict[str, str], content: bytes) -> Path:

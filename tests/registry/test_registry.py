@@ -42,12 +42,6 @@ USERS = {"ci": "right-password"}
 LOCAL = Connection(insecure_http=True)  # the loopback registry servers speak plain HTTP
 
 
-def _require_tools():
-    missing = registry_server.missing_tools()
-    if missing:
-        cannot_run("registry tests need " + ", ".join(missing), "scripts/host.sh installs them")
-
-
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, monkeypatch):
     """No credentials, docker config or blob cache from the machine running the tests."""
@@ -72,7 +66,7 @@ def imagebuild(capsys, *argv: str) -> tuple[int, str, str]:
 def layouts(tmp_path_factory, engine):
     """Two tiny real images built FROM scratch, one layer each per file, exported by skopeo as OCI
     layouts: `v2` differs from `v1` only in its last layer."""
-    _require_tools()
+    registry_server.require_tools()
     root = tmp_path_factory.mktemp("images")
     context = root / "context"
     context.mkdir()
@@ -99,7 +93,7 @@ def layouts(tmp_path_factory, engine):
 
 @pytest.fixture
 def plain(tmp_path):
-    _require_tools()
+    registry_server.require_tools()
     server = start_registry(tmp_path / "registry")
     yield server
     server.stop()
@@ -230,7 +224,7 @@ def test_429_and_5xx_are_retried_with_backoff(layouts, plain, pattern, status):
 
 @pytest.fixture
 def basic(tmp_path):
-    _require_tools()
+    registry_server.require_tools()
     server = start_registry(tmp_path / "basic", users=USERS)
     yield server
     server.stop()
@@ -286,7 +280,7 @@ def test_credentials_from_the_docker_config_and_a_credential_helper(layouts, bas
 
 @pytest.mark.engine
 def test_bearer_tokens_and_cross_repository_mounts(layouts, tmp_path, capsys, monkeypatch):
-    _require_tools()
+    registry_server.require_tools()
     tokens = TokenService(tmp_path / "tokens", USERS)
     server = start_registry(tmp_path / "bearer", token=tokens, users=USERS)
     try:
@@ -327,7 +321,7 @@ def test_bearer_tokens_and_cross_repository_mounts(layouts, tmp_path, capsys, mo
 
 @pytest.mark.engine
 def test_tls_with_a_ca_made_here(layouts, tmp_path, capsys, monkeypatch):
-    _require_tools()
+    registry_server.require_tools()
     tls = make_tls(tmp_path / "tls")
     server = start_registry(tmp_path / "tls-registry", tls=tls)
     try:

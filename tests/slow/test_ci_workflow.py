@@ -46,13 +46,9 @@ def runner(tmp_path, engine, monkeypatch):
 
 @pytest.fixture
 def private_registry(tmp_path):
-    missing = registry_server.missing_tools()
-    if missing:
-        cannot_run("registry tests need " + ", ".join(missing), "scripts/host.sh installs them")
-    server = registry_server.start_registry(tmp_path / "registry", users=USERS,
-                                            tls=registry_server.make_tls(tmp_path / "tls"))
-    yield server
-    server.stop()
+    with registry_server.serving(tmp_path / "registry", users=USERS,
+                                 tls=registry_server.make_tls(tmp_path / "tls")) as server:
+        yield server
     shutil.rmtree(f"/etc/docker/certs.d/{server.host}", ignore_errors=True)  # what the workflow put there
 
 
