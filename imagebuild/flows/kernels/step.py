@@ -23,8 +23,8 @@ KINDS = ("flashinfer", "sglang")
 SEED_COUNTS = ("flashinfer", "sglang", "present", "refused")
 
 
-def _marked_counts(line: str, mark: str, counts: tuple) -> dict | None:
-    """The JSON object after `mark` in a line of build output, when each of `counts` is a count; else None."""
+def _marked_object(line: str, mark: str) -> dict | None:
+    """The JSON object after `mark` in a line of build output (BuildKit prefixes `#N 12.3 `), or None."""
     at = line.find(mark)
     if at < 0:
         return None
@@ -32,8 +32,13 @@ def _marked_counts(line: str, mark: str, counts: tuple) -> dict | None:
         value = json.loads(line[at + len(mark):])
     except ValueError:
         return None
-    if not isinstance(value, dict) or not all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool)
-                                              and value[k] >= 0 for k in counts):
+    return value if isinstance(value, dict) else None
+
+
+def _marked_counts(line: str, mark: str, counts: tuple) -> dict | None:
+    """The JSON object after `mark` in a line of build output, when each of `counts` is a count; else None."""
+    value = _marked_object(line, mark)
+    if value is None or not all(_count(value.get(k)) for k in counts):
         return None
     return value
 
@@ -82,14 +87,8 @@ def _count(value) -> bool:
 def parse_progress(line: str) -> dict | None:
     """One module's progress from a line of build output (compile_resume.say): kind, name, state, and where known
     objects_done, objects and seconds; None when the line is not one."""
-    at = line.find(PROGRESS_MARK)
-    if at < 0:
-        return None
-    try:
-        value = json.loads(line[at + len(PROGRESS_MARK):])
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or value.get("kind") not in KINDS or value.get("state") not in STATES or \
+    value = _marked_object(line, PROGRESS_MARK)
+    if value is None or value.get("kind") not in KINDS or value.get("state") not in STATES or \
             not isinstance(value.get("name"), str) or not value["name"]:
         return None
     event = {"kind": value["kind"], "name": value["name"][:300], "state": value["state"]}
