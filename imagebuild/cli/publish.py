@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import argparse
 import re
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 
 from imagebuild.cli.options import compression_option
 from imagebuild.cli.output import line
-from imagebuild.errors import EXIT_OK, ImagebuildError
-from imagebuild.flows.built import record_push
-from imagebuild.flows import lock_built
-from imagebuild.flows.by_lock import RegistryTarget, lock_tag, tag_for_lock
-from imagebuild.flows.smoke import smoke_on_record
-from imagebuild.registry import DEFAULT_CHUNK, Connection, PushOptions, export_engine_image, parse_reference, push
+from imagebuild.errors import EXIT_OK
+from imagebuild.flows.publish import publish
+from imagebuild.registry import DEFAULT_CHUNK, Connection, PushOptions
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
@@ -60,35 +56,10 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
     def progress(text: str) -> None:
         err.print(line(("›", "bold cyan"), " ", text))
 
-    source = Path(args.source)
-    locked, passed = None, None
-    with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:
-        exported = ""
-        if not source.is_dir():
-            from imagebuild.engine import default_engine
-            engine = None if source.exists() else default_engine()
-            if engine is None or not engine.image_exists(args.source):
-                raise ImagebuildError(f"{args.source} is neither an OCI layout directory nor an "
-                                      f"image in the engine")
-            # An image built here from a lock, smoke-tested, goes up under its lock tag too, so the next
-            # runner's `build --registry` finds it (never a derived image: its label is inherited).
-            info = engine.inspect(args.source)
-            locked = lock_built(info)
-            passed = smoke_on_record(info.id) if locked else None
-            source = Path(tmp) / "layout"
-            exported = export_engine_image(engine, args.source, source, progress, compression=args.compression)
-        ref = parse_reference(args.reference)
-        connection = Connection(ca_cert=args.ca_cert, insecure_http=args.insecure_http, retries=args.retries)
-        report = push(source, args.reference, connection,
-                      PushOptions(layout_name=args.layout_name, mount_from=args.mount_from,
-                                  chunk_size=args.chunk_size), progress)
-        report.source, report.exported_with = args.source, exported
-        if locked and passed:  # its smoke report attached first, so the lock tag never names an image without it
-            target = RegistryTarget(f"{ref.registry}/{ref.repository}", connection)
-            tag_for_lock(target.client(progress), ref, report.digest, locked, passed, image_id=info.id,
-                         compression=args.compression)
-            report.lock_tag = lock_tag(locked, args.compression)
-            record_push(locked, f"{ref.registry}/{ref.repository}", report.digest, args.compression)
+    connection = Connection(ca_cert=args.ca_cert, insecure_http=args.insecure_http, retries=args.retries)
+    options = PushOptions(layout_name=args.layout_name, mount_from=args.mount_from, chunk_size=args.chunk_size)
+    report = publish(args.source, args.reference, connection, options, compression=args.compression,
+                     progress=progress)
     if args.digest_file:
         args.digest_file.write_text(report.digest + "\n")
     if args.json:

@@ -17,6 +17,8 @@ case) and returns a report with `to_dict()` for `--json` (reports.py).
     export_oci, verify_image, diff_images, image_sbom
                                repro.py: an image as an OCI layout, against its lock, against another, its SBOM
     kept(limit, engine)        caches.py: what imagebuild keeps, trimmed to a size
+    publish(source, ref, ...)  publish.py: push a layout or an engine image, and an image built here from a
+                               lock and smoke-tested under its lock tag too
 
 May import every stage below it (base, bootstrap, engine, knowledge, lock, payload, recipe, render,
 registry, image); only cli/ imports it.
