@@ -78,10 +78,11 @@ def check_pass(consumer: str, compression: str, served: Served, layers: dict[str
 
 
 def median_pass(passes: list[dict]) -> dict:
-    """Median pull, start+import and their sum over one consumer's passes of one compression."""
+    """Median pull, start+import and their sum over one consumer's passes of one compression, and each pass's."""
     pick = lambda key: round(statistics.median(p[key] for p in passes), 2)
     return {"pull_s": pick("pull_s"), "start_import_s": pick("start_import_s"), "ready_s": pick("ready_s"),
-            "bytes_pulled": passes[0]["bytes_pulled"], "layers": passes[0]["layers"], "runs": len(passes)}
+            "bytes_pulled": passes[0]["bytes_pulled"], "layers": passes[0]["layers"], "runs": len(passes),
+            "each": [[round(p["pull_s"], 2), round(p["start_import_s"], 2)] for p in passes]}  # the spread
 
 
 def ratios(rows: dict[str, dict]) -> dict | None:
