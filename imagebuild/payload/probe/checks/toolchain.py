@@ -149,7 +149,7 @@ def _sha256(path: str) -> str | None:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
             return digest.hexdigest()
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a path with a NUL byte, which no file has
         return None
 
 
