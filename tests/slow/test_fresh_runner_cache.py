@@ -15,7 +15,7 @@ from imagebuild.registry import Connection
 from imagebuild.engine.docker import DockerEngine
 from imagebuild.image.export import BUILDKIT_CACHE_KEY
 from tests.flows.test_build import _copy_recipe
-from tests.flows.test_build_cache import blob_gets, cache_diff_ids, registry  # noqa: F401 (a fixture)
+from tests.flows.test_build_cache import blob_gets, cache_diff_ids
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
