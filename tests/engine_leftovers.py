@@ -214,19 +214,19 @@ class DiskSampler:
         self.path, self.every = path, every
         self.started = time.monotonic()
         usage = shutil.disk_usage(path)
-        self.total, self.first = usage.total, usage.used
-        self.peak, self.peak_at = usage.used, 0.0
+        self.first = usage.used
+        self.peak, self.peak_at, self.peak_free = usage.used, 0.0, usage.free
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="imagebuild-disk-sampler", daemon=True)
         self._thread.start()
 
     def _sample(self) -> None:
         try:
-            used = shutil.disk_usage(self.path).used
+            usage = shutil.disk_usage(self.path)
         except OSError:
             return
-        if used > self.peak:
-            self.peak, self.peak_at = used, time.monotonic() - self.started
+        if usage.used > self.peak:
+            self.peak, self.peak_at, self.peak_free = usage.used, time.monotonic() - self.started, usage.free
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
@@ -237,9 +237,10 @@ class DiskSampler:
         self._thread.join(timeout=5)
         self._sample()
         last = shutil.disk_usage(self.path).used
+        # Free, not the total: a file system's reserved blocks are in its total, and no build can have them.
         return (f"disk ({self.path}): {self.first / 1e9:.1f} GB used when the run began, peak {self.peak / 1e9:.1f} GB "
-                f"at minute {self.peak_at / 60:.0f}, {last / 1e9:.1f} GB at its end, of {self.total / 1e9:.1f} GB "
-                f"(sampled every {self.every:.0f} s)")
+                f"at minute {self.peak_at / 60:.0f} with {self.peak_free / 1e9:.1f} GB free, {last / 1e9:.1f} GB at "
+                f"its end (sampled every {self.every:.0f} s)")
 
 
 def free_space_line(path: str) -> str | None:

@@ -152,8 +152,8 @@ def test_the_disk_sampler_says_the_peak_it_saw(tmp_path):
     sampler = DiskSampler(str(tmp_path), every=0.05)
     (tmp_path / "blob").write_bytes(os.urandom(1 << 20))
     line = sampler.stop()
-    assert line.startswith(f"disk ({tmp_path}): ") and "peak" in line and "sampled every 0 s" in line
-    assert sampler.peak >= sampler.first
+    assert line.startswith(f"disk ({tmp_path}): ") and "GB free, " in line and "sampled every 0 s" in line
+    assert sampler.peak >= sampler.first and sampler.peak_free >= 0
 
 
 def build_scratch(daemon, folder, files: dict[str, str]) -> str:
