@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import zlib
 from dataclasses import dataclass
 from typing import IO, Iterator
 
@@ -140,12 +141,12 @@ class _Pump:
 
 @contextlib.contextmanager
 def decompressed(handle: IO[bytes], kind: str | Compression, where: str) -> Iterator[IO[bytes]]:
-    """A compressed blob as a plain stream. A zstd blob that is damaged or truncated raises
-    CompressionError naming `where` when the stream is read to its end."""
+    """A compressed blob as a plain stream. A blob that is damaged or truncated raises CompressionError
+    naming `where`: a gzip one at the read that meets the damage, a zstd one when read to its end."""
     kind = compression(kind)
     if kind is GZIP:
         with gzip.GzipFile(fileobj=handle, mode="rb") as plain:
-            yield plain
+            yield _Inflating(plain, where)
         return
     with tempfile.TemporaryFile() as said:
         process = subprocess.Popen([_zstd(), "-d", "-q", "-c"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -176,6 +177,20 @@ def _feed(source: IO[bytes], sink: IO[bytes]) -> None:
             pass
 
 
+class _Inflating:
+    """GzipFile's reads, with what a damaged stream raises (zlib's error for a bad deflate block, which is no
+    OSError; gzip's for a bad header or checksum; EOFError for a cut end) as CompressionError naming where."""
+
+    def __init__(self, plain: gzip.GzipFile, where: str):
+        self.plain, self.where = plain, where
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self.plain.read(size)
+        except (OSError, EOFError, zlib.error) as err:
+            raise CompressionError(f"{self.where}: a gzip blob that does not inflate: {err}") from None
+
+
 class _Checked:
     """zstd -d's stdout; at its end, the exit status is checked, so a damaged blob never reads as short."""
 
@@ -202,7 +217,7 @@ def decompress_bytes(blob: bytes, where: str) -> bytes:
     if blob.startswith(GZIP_MAGIC):
         try:
             return gzip.decompress(blob)
-        except (OSError, EOFError) as err:
+        except (OSError, EOFError, zlib.error) as err:
             raise CompressionError(f"{where}: a gzip blob that does not inflate: {err}") from None
     if blob.startswith(ZSTD_MAGIC):
         done = subprocess.run([_zstd(), "-d", "-q", "-c"], input=blob, capture_output=True)
