@@ -220,13 +220,15 @@ class DiskSampler:
         self._thread = threading.Thread(target=self._run, name="imagebuild-disk-sampler", daemon=True)
         self._thread.start()
 
-    def _sample(self) -> None:
+    def _sample(self) -> int | None:
+        """One reading: the used bytes now (None when the file system did not answer), the peak kept."""
         try:
             usage = shutil.disk_usage(self.path)
         except OSError:
-            return
+            return None
         if usage.used > self.peak:
             self.peak, self.peak_at, self.peak_free = usage.used, time.monotonic() - self.started, usage.free
+        return usage.used
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
@@ -235,12 +237,12 @@ class DiskSampler:
     def stop(self) -> str:
         self._stop.set()
         self._thread.join(timeout=5)
-        self._sample()
-        last = shutil.disk_usage(self.path).used
+        last = self._sample()
+        end = "its end unread" if last is None else f"{last / 1e9:.1f} GB at its end"
         # Free, not the total: a file system's reserved blocks are in its total, and no build can have them.
         return (f"disk ({self.path}): {self.first / 1e9:.1f} GB used when the run began, peak {self.peak / 1e9:.1f} GB "
-                f"at minute {self.peak_at / 60:.0f} with {self.peak_free / 1e9:.1f} GB free, {last / 1e9:.1f} GB at "
-                f"its end (sampled every {self.every:.0f} s)")
+                f"at minute {self.peak_at / 60:.0f} with {self.peak_free / 1e9:.1f} GB free, {end} "
+                f"(sampled every {self.every:.0f} s)")
 
 
 def free_space_line(path: str) -> str | None:
