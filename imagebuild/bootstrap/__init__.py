@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Callable
 
 from imagebuild.base.debian import compare_versions
-from imagebuild.base.identity import BaseIdentity, LockedSuite, base_moves
+from imagebuild.base.identity import BaseIdentity, LockedDeb, LockedSuite, base_moves
 from imagebuild.bootstrap.mirror import DEBIAN_KEYRING, Archives
-from imagebuild.bootstrap.resolve import resolve_debs
+from imagebuild.bootstrap.resolve import apt_version, read_resolution, resolution_key, resolve_debs, write_resolution
 from imagebuild.bootstrap.rootfs import BOOTSTRAP_FORMAT, DPKG_EXCLUDES, bootstrap_locked, rootfs_path
 from imagebuild.bootstrap.sources import HOST_SOURCES, suite_uris
 from imagebuild.common import BOOTSTRAP_EPOCH, Progress, quiet, sha256_file
@@ -71,13 +71,43 @@ def suites_now(base: DebianBase, where: Archives, progress: Progress = quiet):
     return tuple(locked), indices
 
 
+def resolved_debs(base: DebianBase, where: Archives, asked: list[str],
+                  progress: Progress = quiet) -> tuple[tuple[LockedSuite, ...], tuple[LockedDeb, ...]]:
+    """Each suite as its signed Release stands now, and the .debs apt picks from the Packages indices that Release
+    vouches for. apt's answer is kept under what decides it (resolve.resolution_key): while no index moves, a
+    relock reads each Release again (the suites' state today) but neither decompresses nor parses an index
+    (5-8 s of CPU for bookworm's three) nor runs apt."""
+    releases = [(suite, where.release(suite)) for suite in base.apt_suites]
+    for suite, release in releases:
+        progress(f"reading {suite} ({release.date})")
+    suites = tuple(LockedSuite(suite, base.components, release.date) for suite, release in releases)
+    vouched = [(suite, component, release.index(component, base.arch)) for suite, release in releases
+               for component in base.components]
+    apt = apt_version()
+    path = None
+    if apt and all(index is not None for _, _, index in vouched):
+        key = resolution_key(bootstrap_inputs(base), [[s, c, i.sha256] for s, c, i in vouched], asked, apt)
+        path = where.cache / "debian-resolved" / f"{key}.json"
+        kept = read_resolution(path)
+        if kept is not None:
+            return suites, kept
+    indices = []
+    for suite, release in releases:
+        for component in base.components:
+            text, entries = where.packages(suite, release, component, base.arch)
+            indices.append((suite, text, entries))
+    debs = resolve_debs(indices, asked, base.arch)
+    if path is not None:
+        write_resolution(path, debs)
+    return suites, debs
+
+
 def resolve_base(base: DebianBase, progress: Progress = quiet) -> BaseIdentity:
     """The base as its suites stand today: apt's picks, each .deb fetched and checked, bootstrapped once
     from exactly those to learn the rootfs sha256 the lock will check."""
     where = archives(base)
-    suites, indices = suites_now(base, where, progress)
     asked = sorted(set(REQUIRED_PACKAGES) | set(base.packages))
-    debs = resolve_debs(indices, asked, base.arch)
+    suites, debs = resolved_debs(base, where, asked, progress)
     for required in ("libc6", "python3"):
         if required not in {deb.name for deb in debs}:
             raise LockError(f"the {base.suite} base resolves without {required}")
@@ -183,4 +213,4 @@ def pending_updates(identity: BaseIdentity, base: DebianBase, progress: Progress
 
 
 __all__ = ["REQUIRED_PACKAGES", "base_mismatch", "base_moves", "bootstrap_inputs", "ensure_base_image", "identify",
-           "inputs_sha256", "locked_rootfs", "pending_updates", "resolve_base", "rootfs_path"]
+           "inputs_sha256", "locked_rootfs", "pending_updates", "resolve_base", "resolved_debs", "rootfs_path"]

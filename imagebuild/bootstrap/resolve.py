@@ -8,6 +8,8 @@ pool filename and sha256.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from imagebuild.base.debian import PackageEntry
 from imagebuild.base.identity import LockedDeb
+from imagebuild.common import write_atomic
 from imagebuild.errors import LockError, ToolMissing
 
 _INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) .*\[([^\]\s]+)\]\)", re.MULTILINE)
@@ -83,3 +86,55 @@ def resolve_debs(indices: list[tuple[str, str, list[PackageEntry]]], asked: list
         raise LockError("apt's plan installs nothing: the indices hold no Essential packages for "
                         f"{arch}; its output:\n{proc.stdout[-2000:]}")
     return tuple(sorted(picked, key=lambda deb: deb.name))
+
+
+# ---------------------------------------------------------------- apt's answer, kept by what decides it
+
+RESOLVED_FORMAT = 1  # bump when what resolve_debs returns for the same inputs changes
+_DEB_FIELDS = {"name": str, "version": str, "arch": str, "filename": str, "sha256": str, "size": int, "suite": str}
+
+
+def apt_version() -> str | None:
+    """`apt 2.6.1 (amd64)`: apt's own first line, part of what decides its answer (None: no apt-get here)."""
+    apt_get = shutil.which("apt-get")
+    if apt_get is None:
+        return None
+    done = subprocess.run([apt_get, "--version"], capture_output=True, text=True)
+    lines = done.stdout.splitlines()
+    return lines[0].strip() if done.returncode == 0 and lines else None
+
+
+def resolution_key(inputs: dict, indices: list[tuple[str, str, str]], asked: list[str], apt: str) -> str:
+    """What decides apt's picks: the base's inputs, each (suite, component, sha256) of the Packages indices in
+    the order apt reads them (each sha256 vouched for by its suite's signed Release), the packages asked, apt."""
+    return hashlib.sha256(json.dumps({"format": RESOLVED_FORMAT, "inputs": inputs, "indices": indices,
+                                      "asked": sorted(asked), "apt": apt}, sort_keys=True).encode()).hexdigest()
+
+
+def read_resolution(path: Path) -> tuple[LockedDeb, ...] | None:
+    """The .debs an earlier resolve of the same key wrote, or None for a file that is missing or is not one
+    (damaged, hand-edited, another format): the caller then resolves again."""
+    try:
+        data = json.loads(path.read_bytes())
+        if data["format"] != RESOLVED_FORMAT:
+            return None
+        debs = tuple(_deb(item) for item in data["debs"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return debs or None
+
+
+def _deb(item: dict) -> LockedDeb:
+    for field, kind in _DEB_FIELDS.items():
+        if type(item[field]) is not kind:
+            raise TypeError(f"{field}: {type(item[field]).__name__}")
+    return LockedDeb(**{field: item[field] for field in _DEB_FIELDS})
+
+
+def write_resolution(path: Path, debs: tuple[LockedDeb, ...]) -> None:
+    """Kept for the next resolve of the same key; a cache that cannot be written is only slower."""
+    try:
+        write_atomic(path, json.dumps({"format": RESOLVED_FORMAT, "debs": [deb.to_dict() for deb in debs]},
+                                      indent=1).encode())
+    except OSError:
+        pass

@@ -23,6 +23,7 @@ FOLDERS = {
     "bases": "Debian rootfs tars bootstrapped from locks (bootstrapped again, ~35 s each)",
     "debs": "locked .debs by sha256 (fetched again from the mirror)",
     "debian-indices": "suites' Packages indices by sha256 (fetched again at lock and check)",
+    "debian-resolved": "apt's picks for a base over indices by sha256 (resolved again at lock, 5-8 s)",
     "wheel-files": "locked wheels' METADATA and RECORD read by range requests (read again at lock)",
     "wheels": "wheels downloaded for patch checks (downloaded again)",
     "contexts": "rendered build contexts (rendered again)",
