@@ -23,7 +23,7 @@ import pytest
 from imagebuild import flows
 from imagebuild.render import AOT_MANIFEST
 from imagebuild.render.paths import PROBE_COMMAND
-from tests.slow.test_zero_jit_releases import NEWEST, RECIPE, REPO
+from tests.slow.test_zero_jit_releases import NEWEST, recipe_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -36,8 +36,7 @@ fp4_gemm_backend = "flashinfer_cudnn"    # --fp4-gemm-backend flashinfer_cudnn: 
 def write(folder: Path, slug: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     recipe = folder / f"flashinfer-{slug}.toml"
-    text = RECIPE.format(slug=slug, version=NEWEST, extra="",
-                         patch=REPO / "recipes" / "patches" / "flashinfer-cuda-version.patch")
+    text = recipe_text(slug)
     shape_end = text.index("sampling = false\n") + len("sampling = false\n")
     recipe.write_text(text[:shape_end].replace('name = "gqa4-bf16"', 'name = "gqa4-nvfp4-cudnn"') + SHAPE
                       + text[shape_end:])

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tarfile
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ packages = ["g++"]
 requirements = [
   "torch==2.14.1",
   "cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.3.0",
-  "flashinfer-python=={version}",{extra}
+  "flashinfer-python=={version}",{extra}{framework}
 ]
 constraints = ["nvidia-cuda-nvcc==13.0.*", "nvidia-cuda-crt==13.0.*", "nvidia-nvvm==13.0.*",
                "nvidia-cuda-cccl==13.0.*", "nvidia-nvjitlink==13.0.*", "nvidia-cuda-runtime==13.0.*",
@@ -66,7 +67,7 @@ min_driver = "595.71.05"
 [[patches]]
 package = "flashinfer-python"
 file = "{patch}"
-
+{prune}
 [aot]
 sglang = false
 
@@ -86,11 +87,32 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine]
 LIBRARY_ONLY = '\n  "six==1.17.0",  # pure Python, in the application layer: no kernel imports it'
 
 
+def flagship_framework() -> tuple[str, str]:
+    """The flagship's framework layer as requirement lines and [[prune]] entries for RECIPE: the same wheels,
+    pruned the same way, below the same base, make the same layer, so the engine installs and commits torch and
+    its CUDA libraries (4 GB) once for the flagship and these images (torchvision, torchaudio and the libraries
+    SGLang pulls in are in it), and a pin move of the flagship moves this recipe's layer with it."""
+    lock = read_lock(REPO / "lockfiles" / "sglang-blackwell.lock")
+    framework = [w for w in lock.wheels if w.layer == "framework"]
+    names = {w.name for w in framework}
+    pins = "".join(f'\n  "{w.name}=={w.version}",' for w in framework if w.name not in ("torch", "cuda-toolkit"))
+    flagship = tomllib.loads((REPO / "recipes" / "sglang-blackwell.toml").read_text())
+    prune = "".join(f"\n[[prune]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in entry.items())
+                    for entry in flagship.get("prune", []) if entry["package"] in names)
+    return pins, prune
+
+
+def recipe_text(slug: str, extra: str = "") -> str:
+    """RECIPE on FlashInfer NEWEST, with the flagship's framework layer."""
+    pins, prune = flagship_framework()
+    return RECIPE.format(slug=slug, version=NEWEST, extra=extra, framework=pins, prune=prune,
+                         patch=REPO / "recipes" / "patches" / "flashinfer-cuda-version.patch")
+
+
 def write(folder: Path, slug: str, extra: str = "", env: str = "") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     recipe = folder / f"flashinfer-{slug}.toml"
-    recipe.write_text(RECIPE.format(slug=slug, version=NEWEST, extra=extra,
-                                    patch=REPO / "recipes" / "patches" / "flashinfer-cuda-version.patch") + env)
+    recipe.write_text(recipe_text(slug, extra) + env)
     return recipe
 
 
