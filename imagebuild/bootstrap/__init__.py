@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from imagebuild.base.debian import compare_versions
+from imagebuild.base.debian import Release, compare_versions
 from imagebuild.base.identity import BaseIdentity, LockedDeb, LockedSuite, base_moves
 from imagebuild.bootstrap.mirror import DEBIAN_KEYRING, Archives
 from imagebuild.bootstrap.resolve import apt_version, read_resolution, resolution_key, resolve_debs, write_resolution
@@ -58,17 +58,30 @@ def _major_minor(debian_version: str) -> str:
     return f"{match.group(1)}.{match.group(2)}"
 
 
-def suites_now(base: DebianBase, where: Archives, progress: Progress = quiet):
-    """Each suite's Release and its indices as the sources serve them now: (LockedSuite, [(suite, text, entries)])."""
-    locked, indices = [], []
+def releases_now(base: DebianBase, where: Archives, progress: Progress = quiet) -> list[tuple[str, Release]]:
+    """Each suite's Release as its signed InRelease stands now."""
+    releases = []
     for suite in base.apt_suites:
         release = where.release(suite)
         progress(f"reading {suite} ({release.date})")
-        locked.append(LockedSuite(suite, base.components, release.date))
-        for component in base.components:
-            text, entries = where.packages(suite, release, component, base.arch)
-            indices.append((suite, text, entries))
-    return tuple(locked), indices
+        releases.append((suite, release))
+    return releases
+
+
+def locked_suites(base: DebianBase, releases: list[tuple[str, Release]]) -> tuple[LockedSuite, ...]:
+    return tuple(LockedSuite(suite, base.components, release.date) for suite, release in releases)
+
+
+def indices_of(base: DebianBase, where: Archives, releases: list[tuple[str, Release]]) -> list:
+    """[(suite, Packages text, entries)] of every suite and component, as each Release vouches for them."""
+    return [(suite, *where.packages(suite, release, component, base.arch))
+            for suite, release in releases for component in base.components]
+
+
+def suites_now(base: DebianBase, where: Archives, progress: Progress = quiet):
+    """Each suite's Release and its indices as the sources serve them now: (LockedSuite, [(suite, text, entries)])."""
+    releases = releases_now(base, where, progress)
+    return locked_suites(base, releases), indices_of(base, where, releases)
 
 
 def resolved_debs(base: DebianBase, where: Archives, asked: list[str],
@@ -77,26 +90,19 @@ def resolved_debs(base: DebianBase, where: Archives, asked: list[str],
     vouches for. apt's answer is kept under what decides it (resolve.resolution_key): while no index moves, a
     relock reads each Release again (the suites' state today) but neither decompresses nor parses an index
     (5-8 s of CPU for bookworm's three) nor runs apt."""
-    releases = [(suite, where.release(suite)) for suite in base.apt_suites]
-    for suite, release in releases:
-        progress(f"reading {suite} ({release.date})")
-    suites = tuple(LockedSuite(suite, base.components, release.date) for suite, release in releases)
+    releases = releases_now(base, where, progress)
+    suites = locked_suites(base, releases)
     vouched = [(suite, component, release.index(component, base.arch)) for suite, release in releases
                for component in base.components]
     apt = apt_version()
     path = None
     if apt and all(index is not None for _, _, index in vouched):
-        key = resolution_key(bootstrap_inputs(base), [[s, c, i.sha256] for s, c, i in vouched], asked, apt)
+        key = resolution_key(bootstrap_inputs(base), [(s, c, i.sha256) for s, c, i in vouched], asked, apt)
         path = where.cache / "debian-resolved" / f"{key}.json"
         kept = read_resolution(path)
         if kept is not None:
             return suites, kept
-    indices = []
-    for suite, release in releases:
-        for component in base.components:
-            text, entries = where.packages(suite, release, component, base.arch)
-            indices.append((suite, text, entries))
-    debs = resolve_debs(indices, asked, base.arch)
+    debs = resolve_debs(indices_of(base, where, releases), asked, base.arch)
     if path is not None:
         write_resolution(path, debs)
     return suites, debs

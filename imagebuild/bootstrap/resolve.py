@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from imagebuild.base.debian import PackageEntry
@@ -104,7 +105,7 @@ def apt_version() -> str | None:
     return lines[0].strip() if done.returncode == 0 and lines else None
 
 
-def resolution_key(inputs: dict, indices: list[tuple[str, str, str]], asked: list[str], apt: str) -> str:
+def resolution_key(inputs: dict, indices: Sequence[Sequence[str]], asked: list[str], apt: str) -> str:
     """What decides apt's picks: the base's inputs, each (suite, component, sha256) of the Packages indices in
     the order apt reads them (each sha256 vouched for by its suite's signed Release), the packages asked, apt."""
     return hashlib.sha256(json.dumps({"format": RESOLVED_FORMAT, "inputs": inputs, "indices": indices,
