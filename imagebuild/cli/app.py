@@ -120,7 +120,8 @@ def _parser(command_name: str | None = None) -> argparse.ArgumentParser:
     cmd.add_argument("--relock", action="store_true", help="refresh a stale or missing lock first")
     cmd.add_argument("--no-smoke", action="store_true", help="tag without running the smoke test")
     cmd.add_argument("--keep-failed", action="store_true",
-                     help="keep the untagged image when the smoke test fails")
+                     help="keep the image when the smoke test fails, under its hold name "
+                          "(imagebuild-hold/…), not the recipe's tag")
     cmd.add_argument("--ca-bundle", help="CA roots for a TLS-intercepting proxy, passed as a build "
                      "secret (default: $IMAGEBUILD_CA_BUNDLE, $SSL_CERT_FILE, Debian's bundle)")
     engine_option(cmd)

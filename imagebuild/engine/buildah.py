@@ -97,7 +97,7 @@ class BuildahEngine(Engine):
 
     def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
               progress: Progress = quiet, cache: BuildCache | None = None,
-              platform: str | None = None) -> str:
+              platform: str | None = None, hold: str | None = None) -> str:
         self.check()
         with tempfile.TemporaryDirectory(prefix="imagebuild-iid-") as tmp:
             iidfile = Path(tmp) / "iid"
@@ -108,6 +108,7 @@ class BuildahEngine(Engine):
                 command += ["--platform", platform]
             for name, path in sorted(secrets.items()):
                 command += ["--secret", f"id={name},src={path}"]
+            command += ["--tag", hold] if hold else []
             command.append(str(context))
             code, tail = run_streaming(command, progress, keep=BUILD_LOG_LINES)
             if code != 0:
@@ -115,6 +116,8 @@ class BuildahEngine(Engine):
             return "sha256:" + iidfile.read_text().strip().removeprefix("sha256:")
 
     def tag(self, image_id: str, ref: str) -> None:
+        if self.inspect(image_id) is None:
+            raise ImageNotFound(image_id, self.name)
         self._run("tag", image_id.removeprefix("sha256:"), ref)
 
     def run(self, image: str, command: Sequence[str], *, network: bool = False,

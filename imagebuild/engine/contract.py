@@ -1,7 +1,8 @@
 """The engine contract: what imagebuild needs from a container engine, and nothing more.
 
-An engine builds a context into an untagged image (so a failed build or a failed smoke test never
-leaves a tag), tags it, runs a command in a throwaway container, inspects images (ImageInfo, and the
+An engine builds a context into an image named only by a hold the caller owns (so a failed build or a
+failed smoke test never leaves the recipe's tag, and nothing removes the image while the caller smokes it:
+a build of the same lock elsewhere on the engine makes the same id), tags it, runs a command in a throwaway container, inspects images (ImageInfo, and the
 config a container of one runs with: ImageConfig) and removes them, and imports a rootfs tar as a base.
 An image that is not there is errors.ImageNotFound (Engine.require, Engine.image_config).
 DockerEngine (engine/docker.py) is the implementation in use; BuildahEngine (engine/buildah.py) builds
@@ -129,14 +130,17 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
               progress: Progress = quiet, cache: BuildCache | None = None,
-              platform: str | None = None) -> str:
-        """Build the context's Dockerfile; return the image id. Never tags. Raises BuildFailed.
+              platform: str | None = None, hold: str | None = None) -> str:
+        """Build the context's Dockerfile; return the image id. Raises BuildFailed. Tags nothing but `hold`,
+        a name the caller owns and drops with remove(hold), given as the image is made: an image no name
+        holds goes when another holder of the same id removes its last name, or with `image prune`.
         With `cache`, unchanged layers may come from its sources (a source that does not exist yet
         is not an error: the first run has none). `platform` ("linux/arm64") builds for that
         platform: its RUN steps run under emulation where it is not the engine's own."""
 
     @abc.abstractmethod
-    def tag(self, image_id: str, ref: str) -> None: ...
+    def tag(self, image_id: str, ref: str) -> None:
+        """Give the image one more name; raises ImageNotFound when it is not there."""
 
     @abc.abstractmethod
     def run(self, image: str, command: Sequence[str], *, network: bool = False,
@@ -161,7 +165,8 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def remove(self, ref: str) -> None:
-        """Remove an image (by id or reference); a missing image is not an error."""
+        """Remove an image (by id or reference); a missing image is not an error. A reference of an image that
+        has other names only drops that name."""
 
     @abc.abstractmethod
     def import_rootfs(self, tar: Path, ref: str, *, arch: str = "amd64") -> str:

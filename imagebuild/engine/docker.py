@@ -101,7 +101,7 @@ class DockerEngine(Engine):
 
     def build(self, context: Path, *, secrets: Mapping[str, Path] = {},
               progress: Progress = quiet, cache: BuildCache | None = None,
-              platform: str | None = None) -> str:
+              platform: str | None = None, hold: str | None = None) -> str:
         self.check()
         with tempfile.TemporaryDirectory(prefix="imagebuild-iid-") as tmp:
             iidfile = Path(tmp) / "iid"
@@ -113,6 +113,7 @@ class DockerEngine(Engine):
             for name, path in sorted(secrets.items()):
                 command += ["--secret", f"id={name},src={path}"]
             command += cache_flags(cache)
+            command += ["--tag", hold] if hold else []
             command.append(str(context))
             code, tail = run_streaming(command, progress, env={**os.environ, "DOCKER_BUILDKIT": "1"},
                                        keep=BUILD_LOG_LINES)
@@ -127,7 +128,10 @@ class DockerEngine(Engine):
 
     def tag(self, image_id: str, ref: str) -> None:
         repository, tag = split_ref(ref)
-        self.client.api.tag(image_id, repository, tag)
+        try:
+            self.client.api.tag(image_id, repository, tag)
+        except docker.errors.ImageNotFound:
+            raise ImageNotFound(image_id, self.name) from None
 
     def run(self, image: str, command: Sequence[str], *, network: bool = False,
             gpus: bool | tuple = False, timeout: float = 600) -> RunResult:

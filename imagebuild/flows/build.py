@@ -1,7 +1,7 @@
 """The build flow: each platform of a recipe, from its fresh lock to a smoke-tested, tagged image.
 
     check ─▶ locks (fresh, or refused) ─▶ per platform: [reuse] ─▶ base ─▶ [kernel seed] ─▶ render
-          ─▶ engine.build untagged ─▶ smoke ─▶ tag [─▶ cache push] ─▶ (one platform: [registry push])
+          ─▶ engine.build under a hold name ─▶ smoke ─▶ tag [─▶ cache push] ─▶ (one platform: [registry push])
 
 A recipe without [platforms.*] is one platform, tagged NAME:TAG; with several, each platform's image is
 tagged NAME:TAG-<arch> (Docker 20.10 keeps one platform per tag) and this machine's own also NAME:TAG; an
@@ -21,7 +21,7 @@ from pathlib import Path
 from imagebuild.common import Progress, cache_dir, host_arch, platform_name, quiet
 from imagebuild.engine import BuildCache, Engine
 from imagebuild.engine.contract import split_ref
-from imagebuild.errors import BuildFailed, ImagebuildError
+from imagebuild.errors import BuildFailed, ImageNotFound, ImagebuildError
 import imagebuild.flows.built as built  # not via the package's face, which imports this module
 from imagebuild.flows.build_cache import push_build_cache
 from imagebuild.flows.by_lock import RegistryTarget, push_by_lock, reuse_by_lock, said_checks
@@ -34,7 +34,7 @@ from imagebuild.flows.lock import fresh_locks
 from imagebuild.flows.options import BuildOptions
 from imagebuild.flows.platforms import copy_image, each_platform, engine_for, platform_ref
 from imagebuild.flows.reports import BuildReport, PlatformsBuildReport
-from imagebuild.flows.smoke import smoke_and_tag
+from imagebuild.flows.smoke import Hold, holding, smoke_and_tag
 from imagebuild.lock import Lock, default_lock_path, uv_binary_for
 from imagebuild.bootstrap import ensure_base_image
 from imagebuild.recipe.model import Recipe, load_recipe
@@ -125,15 +125,29 @@ def build_one(recipe: Recipe, current: Lock, path: Path, engine: Engine, options
               findings: list, timings: dict, lock_text: str, platform: str | None = None,
               context: str | None = None) -> BuildReport:
     """One image from one platform's fresh lock: reuse by lock label, or base -> render -> build
-    untagged (for `platform` when given) -> smoke -> tag [-> cache]."""
+    under a hold name (for `platform` when given) -> smoke -> tag [-> cache]."""
+    engine.check()
+    with holding(engine, current.sha256) as hold:
+        return held_build(recipe, current, path, engine, options, hold, findings=findings, timings=timings,
+                          lock_text=lock_text, platform=platform, context=context)
+
+
+def held_build(recipe: Recipe, current: Lock, path: Path, engine: Engine, options: BuildOptions, hold: Hold, *,
+               findings: list, timings: dict, lock_text: str, platform: str | None, context: str | None) -> BuildReport:
+    """build_one under `hold`, the name the image has from the build (or the reuse) to its tag."""
     from imagebuild.render import LABEL_PREFIX, render_context
     progress = options.progress
-    engine.check()
     label = (f"{LABEL_PREFIX}.lock.sha256", current.sha256)
     reused = None if options.rebuild else engine.find_labelled(*label, only=built.images_built(current.sha256))
     if reused:
+        try:
+            engine.tag(reused, hold.ref)
+        except ImageNotFound:
+            progress(f"{reused} went from the engine as it was found: building")
+            reused = None
+    if reused:
         progress(f"reusing {reused}: the engine holds the image built here from this lock ({current.sha256[:12]}…)")
-        return smoke_and_tag(reused, recipe, path, findings, timings, engine, options, reused=True)
+        return smoke_and_tag(reused, recipe, path, findings, timings, engine, options, reused=True, hold=hold)
 
     if not options.rebuild and engine.find_labelled(*label):
         progress("an image carries this lock's label but is not one built here from it (an image made FROM it, "
@@ -155,7 +169,7 @@ def build_one(recipe: Recipe, current: Lock, path: Path, engine: Engine, options
     watch = KernelStepWatch(progress)
     try:
         image_id = engine.build(context_dir, secrets={"ca": bundle} if bundle else {}, progress=watch,
-                                cache=options.cache, platform=platform)
+                                cache=options.cache, platform=platform, hold=hold.ref)
     except BuildFailed as failure:
         raise explain_build_failure(failure, recipe, current) from None
     built.record_image(current.sha256, image_id)
@@ -165,7 +179,7 @@ def build_one(recipe: Recipe, current: Lock, path: Path, engine: Engine, options
         kernels["seeded"] = seeded
     if kernels:
         progress(kernel_summary(kernels))
-    report = smoke_and_tag(image_id, recipe, path, findings, timings, engine, options, reused=False)
+    report = smoke_and_tag(image_id, recipe, path, findings, timings, engine, options, reused=False, hold=hold)
     report.kernels = kernels
     cached(report, options.cache, engine, options)
     return report

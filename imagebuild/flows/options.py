@@ -18,7 +18,7 @@ class BuildOptions:
     relock: bool = False  # resolve afresh before building (else a missing lock is written, a stale one refused)
     run_smoke: bool = True  # run the image's probe before tagging it
     ca: str | None = None  # CA bundle handed to the build as a secret (build.ca_bundle says where else it looks)
-    keep_failed: bool = False  # keep an image whose smoke test failed (untagged), to look into
+    keep_failed: bool = False  # keep an image whose smoke test failed (under its hold name), to look into
     gpus: bool | tuple | None = None  # smoke with GPUs (True: all, or a tuple of GPU numbers); None: when this machine has them
     tag: str | None = None  # NAME:TAG instead of the recipe's (tests build under names of their own)
     rebuild: bool = False  # build and smoke again even when an image built from this lock is on record

@@ -3,20 +3,24 @@ container; a pass on record per image id, under this probe, on the GPUs seen (na
 capabilities, driver) or none; and the gate a build passes before its image is tagged.
 
     smoke(image, engine)              run the probe (or take a pass on record with use_cache)
+    holding(engine, lock_sha256)      the name a build owns for its image, from the build to its tag
     smoke_and_tag(image_id, ...)      smoke, then tag; a failed smoke or an unaccepted `unknown` tags nothing
     lock_built(info)                  the lock an engine image was built from here and passed its smoke for
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import secrets
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from imagebuild import payload
 from imagebuild.common import Progress, cache_dir, quiet, write_atomic
@@ -161,12 +165,36 @@ def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | t
     return SmokeReport(image, ok, report)
 
 
+HOLD_REPOSITORY = "imagebuild-hold"
+
+
+@dataclass
+class Hold:
+    """The name a build owns for its image, from the build to its tag. A reproducible build's image has the id
+    of every other build of its lock, so on a shared engine an image no name holds goes while it is smoke-tested
+    when another holder of that id removes its last name, or with `image prune`."""
+    ref: str
+    kept: bool = False  # the name of a failed image the caller keeps, to look into
+
+
+@contextlib.contextmanager
+def holding(engine: Engine, lock_sha256: str) -> Iterator[Hold]:
+    """A hold name of this process (imagebuild-hold/<lock12>:<pid>-<random>), dropped at the end unless kept:
+    the image stays under the names it has, or goes with the hold when nothing else names it."""
+    hold = Hold(f"{HOLD_REPOSITORY}/{lock_sha256[:12]}:{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        yield hold
+    finally:
+        if not hold.kept:
+            engine.remove(hold.ref)
+
+
 def smoke_and_tag(image_id: str, recipe: Recipe, path: Path, findings: list, timings: dict, engine: Engine,
-                  options: BuildOptions, *, reused: bool) -> BuildReport:
+                  options: BuildOptions, *, reused: bool, hold: Hold) -> BuildReport:
     """Smoke (or its recorded result for this image id), then tag options.tag (else the recipe's NAME:TAG);
     a failed smoke tags nothing, and nor does a check that ended `unknown` unless the recipe ([smoke]
     accept_unknown) or the caller accepts it. A rebuild runs the smoke test even when a pass for this image
-    id is on record."""
+    id is on record. `hold` names the image meanwhile; a failed image the caller keeps stays under it."""
     ref = options.tag or f"{recipe.name}:{recipe.tag}"
     report = None
     accepted: list[str] = []
@@ -182,11 +210,9 @@ def smoke_and_tag(image_id: str, recipe: Recipe, path: Path, findings: list, tim
         if report.ok and refused:
             report = SmokeReport(report.image, False, report.report, report.cached, unknown=refused)
         if not report.ok:
-            untagged = not (engine.inspect(image_id) or ImageInfo("", 0)).tags  # a cache hit can be a tagged image
-            if not options.keep_failed and untagged:
-                engine.remove(image_id)
+            hold.kept = options.keep_failed
             raise SmokeFailed(f"smoke test failed in the image built from {recipe.path} ({failed_checks(report)}); "
-                              f"{ref} was not tagged" + (f"; the image is kept as {image_id}"
+                              f"{ref} was not tagged" + (f"; the image is kept as {hold.ref} ({image_id})"
                                                          if options.keep_failed else ""), report.report)
     engine.tag(image_id, ref)
     info = engine.inspect(image_id)

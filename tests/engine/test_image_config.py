@@ -5,6 +5,7 @@ error naming the image and the engine."""
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
@@ -62,7 +63,33 @@ def test_a_missing_image_is_image_not_found_from_every_lookup(any_engine):
         assert str(caught.value) == f"no image {missing!r} in the {engine.name} engine: build, pull or load it first"
         assert caught.value.details() == {"image": missing, "engine": engine.name}
         assert caught.value.exit_code == EXIT_BAD_INPUT
+    with pytest.raises(ImageNotFound):
+        engine.tag(missing, f"{ref}-another")
     assert engine.require(ref) == engine.inspect(ref)
+
+
+def test_an_image_no_name_holds_goes_with_another_holders_last_name_and_a_held_one_stays(any_engine, tmp_path):
+    """Why a build names its image (Engine.build's hold) from the build on: a reproducible build's image has the
+    id of every other build of its lock, and the engine removes an image with the last name anyone removes. CI
+    saw it (stop 44): a test's cleanup removed its own tag of the cuda-toolchain image while another test
+    smoke-tested the same id, unnamed, and that test's tag then failed with "No such image"."""
+    engine, ref = any_engine
+    left = {}
+    for held in (False, True):
+        context = tmp_path / f"held-{held}"
+        context.mkdir()
+        (context / "marker").write_text(uuid.uuid4().hex)
+        (context / "Dockerfile").write_text("FROM scratch\nCOPY marker /marker\n")
+        hold = f"localhost/imagebuild-test/hold:{os.getpid()}-{held}" if held else None
+        image_id = engine.build(context, hold=hold)
+        engine.tag(image_id, f"{ref}-another-holder")
+        engine.remove(f"{ref}-another-holder")  # another holder's cleanup: `rmi -f` of its own name
+        left[held] = engine.inspect(image_id)
+        if hold:
+            assert hold in left[held].tags
+            engine.remove(hold)
+            assert engine.inspect(image_id) is None  # the hold was its last name: the image goes with it
+    assert left[False] is None and left[True] is not None
 
 
 @pytest.mark.parametrize("text, seconds", [

@@ -15,6 +15,7 @@ import pytest
 from imagebuild import flows
 from imagebuild.engine.docker import DockerEngine
 from imagebuild.errors import BuildFailed, EngineUnavailable, SmokeFailed
+from imagebuild.flows.smoke import HOLD_REPOSITORY
 from imagebuild.lock import read_lock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,6 +92,34 @@ def test_a_failed_smoke_test_tags_nothing_and_removes_the_image(engine, write_re
     checks = {c["name"]: c["status"] for c in failure.value.report["checks"]}
     assert checks["cuda-home"] == "fail"
     assert engine.inspect(f"imagebuild-test/{name}:13.0") is None
+    assert hold_names(engine) == []  # the image went with its hold, the one name it had
+
+
+def hold_names(engine) -> list[str]:
+    """This process's hold names left in the engine."""
+    return sorted(tag for image in engine.client.images.list(filters={"reference": f"{HOLD_REPOSITORY}/*"})
+                  for tag in image.tags if f":{os.getpid()}-" in tag)
+
+
+def test_the_build_holds_its_image_by_a_name_of_its_own_until_the_tag(engine, cleanup, monkeypatch):
+    ref = f"imagebuild-test/held:{os.getpid()}"
+    lock = read_lock(REPO / "lockfiles" / "cuda-toolchain.lock")
+    seen: list[str] = []
+    probe_run = engine.run
+
+    def another_holder_comes_and_goes(image, command, **options):
+        seen.extend(engine.inspect(image).tags)
+        other = f"imagebuild-test/another-holder:{os.getpid()}"
+        engine.tag(image, other)
+        engine.remove(other)
+        return probe_run(image, command, **options)
+
+    monkeypatch.setattr(engine, "run", another_holder_comes_and_goes)
+    report = flows.build(RECIPE, engine, flows.BuildOptions(tag=ref, rebuild=True))  # rebuild: the probe runs
+    cleanup.append(report.image)
+    held = [tag for tag in seen if tag.startswith(f"{HOLD_REPOSITORY}/{lock.sha256[:12]}:{os.getpid()}-")]
+    assert report.smoke.ok and not report.smoke.cached and len(held) == 1, seen
+    assert report.image in engine.inspect(report.image_id).tags and hold_names(engine) == []
 
 
 def test_bumping_the_application_pin_rebuilds_only_the_last_layers(engine, write_recipe, cleanup):
