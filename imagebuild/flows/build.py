@@ -28,7 +28,7 @@ from imagebuild.flows.by_lock import RegistryTarget, push_by_lock, reuse_by_lock
 from imagebuild.render.markers import explain as explain_build_failure
 from imagebuild.flows.findings import across_platforms, located, locked_findings, merged, recipe_findings, \
     stop_on_errors
-from imagebuild.flows.kernels import KernelStepWatch, read_kernel_layer, seed_engine
+from imagebuild.flows.kernels import KernelStepWatch, merge_entries, read_kernel_layer, seed_engine
 from imagebuild.flows.kernels import summary as kernel_summary
 from imagebuild.flows.lock import fresh_locks
 from imagebuild.flows.options import BuildOptions
@@ -197,15 +197,18 @@ def ca_bundle(explicit: str | None = None) -> Path | None:
 def seed_kernels(current: Lock, cache: BuildCache, engine: Engine, platform: str | None,
                  progress: Progress = quiet, mount: tuple[str, str] | None = None, *,
                  connection: Connection = Connection()) -> dict:
-    """A fresh runner's kernel cache: the kernels in the [aot] layer of the first --cache-from image that has
-    one (reached by `connection`), put into the engine's kernel cache mount (`mount`: id and folder, the [aot]
-    step's by default) before the build. Says what it took, or why nothing."""
+    """A fresh runner's kernel cache: the union of the kernels in the [aot] layers of every --cache-from image
+    that has one (reached by `connection`; a gallery names its other recipes' caches too), put into the engine's
+    kernel cache mount (`mount`: id and folder, the [aot] step's by default) by one seed build before the build.
+    Says what each source gave (`taken`: its layer, and the entries an earlier source gave already), what was
+    added, and why a source gave nothing (`tried`)."""
     from imagebuild.render import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID
     cache_id, cache_folder = mount or (KERNEL_CACHE_ID, KERNEL_CACHE_DIR)
-    tried = []
+    taken, tried = [], []
     with tempfile.TemporaryDirectory(prefix="imagebuild-kernel-layer-") as folder:
-        for source in cache.sources:
-            entries = Path(folder) / str(len(tried))
+        union = Path(folder) / "union"
+        for index, source in enumerate(cache.sources):
+            entries = Path(folder) / str(index)
             layer = read_kernel_layer(source, entries, manifest_path=AOT_MANIFEST,
                                       platform=platform or platform_name(host_arch()), connection=connection,
                                       progress=progress)
@@ -213,10 +216,12 @@ def seed_kernels(current: Lock, cache: BuildCache, engine: Engine, platform: str
                 progress(f"kernel cache: nothing taken from {source}: {layer.why}")
                 tried.append(layer.to_dict())
                 continue
-            added = seed_engine(engine, entries, base_ref=current.base.image_ref, python=current.base.python_path,
-                                platform=platform, cache_id=cache_id, cache_dir=cache_folder, progress=progress)
-            return {**layer.to_dict(), "added": added, "tried": tried}
-    return {"source": None, "added": None, "tried": tried}
+            taken.append({**layer.to_dict(), "given_already": len(merge_entries(entries, union))})
+        if not taken:
+            return {"taken": [], "added": None, "tried": tried}
+        added = seed_engine(engine, union, base_ref=current.base.image_ref, python=current.base.python_path,
+                            platform=platform, cache_id=cache_id, cache_dir=cache_folder, progress=progress)
+    return {"taken": taken, "added": added, "tried": tried}
 
 
 def kernel_count(engine: Engine, image_id: str) -> int | None:

@@ -233,14 +233,20 @@ def test_an_empty_kernel_cache_takes_the_kernels_of_the_registry_build_cache(eng
     try:
         target = f"{server.host}/team/flashinfer-aot:buildcache"
         push(newest_layout.path, target, Connection(insecure_http=True), PushOptions(remember=False))
+        # A gallery's sibling recipe with the same kernel left its cache under a tag of its own (the workflow's
+        # buildcache-<recipe>-<ref>): the runner seeds from the union, the same key taken once.
+        sibling = f"{server.host}/team/flashinfer-aot:buildcache-sibling"
+        push(newest_layout.path, sibling, Connection(insecure_http=True), PushOptions(remember=False))
         missing = f"{server.host}/team/flashinfer-aot:buildcache-none"  # a first run's reference: skipped
         seeded = flows.seed_kernels(read_lock(Path(first.lock_path)),
-                                       BuildCache(sources=(missing, target), insecure_http=True), engine, None,
-                                       mount=mount, connection=Connection(insecure_http=True))
-        assert seeded["source"] == target and seeded["flashinfer"] == 1 and not seeded["refused"], seeded
+                                    BuildCache(sources=(missing, target, sibling), insecure_http=True), engine, None,
+                                    mount=mount, connection=Connection(insecure_http=True))
+        taken = seeded["taken"]
+        assert [(t["source"], t["flashinfer"], t["refused"], t["given_already"]) for t in taken] == [
+            (target, 1, [], 0), (sibling, 1, [], 1)], seeded
         assert seeded["added"] == {"flashinfer": 1, "sglang": 0, "present": 0, "refused": 0}, seeded
         assert [t["source"] for t in seeded["tried"]] == [missing] and "no image" in seeded["tried"][0]["why"]
-        assert 0 < seeded["bytes"] < 64 << 20  # one layer read, not the image
+        assert 0 < taken[0]["bytes"] < 64 << 20  # one layer read, not the image
         image_id, stats = build_on_mount(engine, newest, tmp_path, mount)
         assert stats["step"] == "ran" and stats["compiled"] == 0 and stats["reused"] == 1, stats
         (artifact,) = manifest_of(engine, image_id)["artifacts"]

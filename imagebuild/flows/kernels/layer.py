@@ -8,6 +8,8 @@ layer below the step changed the step would compile everything again. Instead, t
 one layer from the registry (megabytes, where the image is gigabytes) and lays its kernels out as kernel
 cache entries (payload/probe/kernels/kernel_cache.py's layout), which seed.py puts into the mount. What it asks the
 registry (the image's manifest for this platform, its config, that layer's blob) it asks through registry/.
+Several references (a gallery's recipes, each with a cache of its own) give one union of entries (merge_entries):
+an entry's name says what made its bytes, so the same name from two layers is one kernel.
 
 Everything read here is outside input: a reference with no such image, an image without a kernel layer, a
 layer whose manifest or files do not match what they claim, give a `KernelLayer` with `why` said and no
@@ -22,6 +24,7 @@ import json
 import os
 import posixpath
 import re
+import shutil
 import tarfile
 import zlib
 from dataclasses import dataclass, field
@@ -201,3 +204,26 @@ def _layer_manifest(blob: bytes, wanted: str) -> dict | str:
 
 def _write(path: Path, data: bytes, mode: int) -> None:
     os.chmod(write_atomic(path, data), mode | 0o600)
+
+
+def entry_names(folder: Path) -> list[str]:
+    """The cache entries laid out under folder: `flashinfer/<key>` (a module's folder, named by the key of every
+    byte that made it) and `sglang/<namespace>/<path>` (a file of SGLang's cache, in the namespace of the
+    build-wide key it was built under)."""
+    names = [f"flashinfer/{entry.name}" for entry in sorted((folder / "flashinfer").glob("*")) if entry.is_dir()]
+    sglang = folder / "sglang"
+    return names + sorted(str(path.relative_to(folder)) for path in sglang.rglob("*") if path.is_file())
+
+
+def merge_entries(laid_out: Path, union: Path) -> list[str]:
+    """Move the entries under laid_out into union, but for those union holds already (the same name is the same
+    kernel: an earlier source's copy stays). Returns the names union held already."""
+    held = []
+    for name in entry_names(laid_out):
+        target = union / name
+        if target.exists():
+            held.append(name)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(laid_out / name), str(target))
+    return held

@@ -153,8 +153,10 @@ def summary(kernels: dict) -> str:
     seeded = kernels.get("seeded")
     if seeded and seeded.get("added"):
         added = seeded["added"]
+        sources = ", ".join(taken["source"] for taken in seeded["taken"])
         text += (f"; the kernel cache took {added['flashinfer']} FlashInfer and {added['sglang']} SGLang entries "
-                 f"({added['present']} already there) from {seeded['source']}'s kernel layer")
+                 f"({added['present']} already there) from the kernel layer{'s' if len(seeded['taken']) > 1 else ''}"
+                 f" of {sources}")
     return text
 
 

@@ -13,9 +13,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from imagebuild.flows.kernels.layer import KernelLayer, STEP_MARK, find_kernel_layer, lay_out, read_kernel_layer
+from imagebuild.flows.kernels.layer import (KernelLayer, STEP_MARK, entry_names, find_kernel_layer, lay_out, merge_entries,
+                                            read_kernel_layer)
 from imagebuild.registry import Connection
 from tests.conftest import cannot_run
 from tests.json_fuzz import json_values, replace_one_field
@@ -93,6 +94,53 @@ def test_a_layer_is_laid_out_as_cache_entries(tmp_path):
     assert json.loads((entry / "entry.json").read_text())["sha256"] == hashlib.sha256(MODULE).hexdigest()
     assert (tmp_path / "out" / "sglang" / NAMESPACE / "sm120" / "rope" / "deps-1" / "rope.so").is_file()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["flashinfer", "sglang"]
+
+
+def test_two_caches_give_one_union_and_the_same_name_is_taken_once(tmp_path):
+    """A gallery's recipes each leave a cache: a runner seeds from all of them. The flagship's layer and a
+    sibling's that shares one module (the same key) and one SGLang file, and has a module of its own."""
+    other_key, other_module = "b" * 64, b"\x7fELF other module"
+    other = {"kind": "flashinfer", "name": "sampling_y", "key": other_key, "sha256": hashlib.sha256(other_module).hexdigest(),
+             "path": "/opt/venv/flashinfer/data/aot/sampling_y/sampling_y.so"}
+    first = layer({"opt/imagebuild/kernels.json": kernel_manifest(),
+                   "opt/venv/flashinfer/data/aot/batch_prefill_x/batch_prefill_x.so": MODULE,
+                   "var/cache/sglang/jit/sm120/rope/deps-1/rope.so": b"\x7fELF rope"})
+    manifest = json.loads(kernel_manifest())
+    manifest["artifacts"].append(other)
+    second = layer({"opt/imagebuild/kernels.json": json.dumps(manifest).encode(),
+                    "opt/venv/flashinfer/data/aot/batch_prefill_x/batch_prefill_x.so": MODULE,
+                    "opt/venv/flashinfer/data/aot/sampling_y/sampling_y.so": other_module,
+                    "var/cache/sglang/jit/sm120/rope/deps-1/rope.so": b"\x7fELF rope, the sibling's copy",
+                    "var/cache/sglang/jit/sm120/norm/deps-1/norm.so": b"\x7fELF norm"})
+    union = tmp_path / "union"
+    held = []
+    for index, blob in enumerate((first, second)):
+        result = lay_out(blob, tmp_path / str(index), MANIFEST, KernelLayer(f"registry/x:{index}"))
+        assert result.why is None and result.refused == []
+        held.append(merge_entries(tmp_path / str(index), union))
+    assert held == [[], [f"flashinfer/{KEY}", f"sglang/{NAMESPACE}/sm120/rope/deps-1/rope.so"]]
+    assert entry_names(union) == sorted([f"flashinfer/{KEY}", f"flashinfer/{other_key}"]) + [
+        f"sglang/{NAMESPACE}/sm120/norm/deps-1/norm.so", f"sglang/{NAMESPACE}/sm120/rope/deps-1/rope.so"]
+    assert (union / "sglang" / NAMESPACE / "sm120" / "rope" / "deps-1" / "rope.so").read_bytes() == b"\x7fELF rope"
+    assert (union / "flashinfer" / other_key / "sampling_y.so").read_bytes() == other_module
+    assert merge_entries(tmp_path / "nothing-laid-out", union) == []  # a source that gave nothing adds nothing
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sets(st.sampled_from([f"flashinfer/{c * 64}" for c in "abc"] +
+                                        [f"sglang/{NAMESPACE}/sm90/{n}.so" for n in ("x", "y", "sub/z")])),
+                min_size=1, max_size=4))
+def test_any_caches_merge_to_the_union_of_their_names(tmp_path_factory, caches):
+    root = tmp_path_factory.mktemp("caches")
+    union, seen = root / "union", set()
+    for index, names in enumerate(caches):
+        for name in names:
+            path = root / str(index) / name / "module.so" if name.startswith("flashinfer/") else root / str(index) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(f"{index}".encode())
+        assert sorted(merge_entries(root / str(index), union)) == sorted(names & seen)
+        seen |= names
+    assert sorted(entry_names(union)) == sorted(seen)
 
 
 def test_a_zstd_kernel_layer_is_laid_out_too_and_a_damaged_one_says_why(tmp_path):

@@ -109,10 +109,12 @@ def test_the_seed_builds_line_is_read_and_said_in_the_summary():
                     SEED_MARK + json.dumps(dict(SEEDED, present=False)), SEED_MARK + json.dumps({"flashinfer": 1})):
         assert parse_seeded(printed) is None, printed
     report = {"compiled": 0, "reused": 13, "seconds": 0.0, "jobs": 2, "step": "ran",
-              "seeded": {"source": "localhost:5000/team/x:buildcache", "added": SEEDED}}
+              "seeded": {"taken": [{"source": "localhost:5000/team/x:buildcache"}], "added": SEEDED}}
     assert summary(report).endswith("; the kernel cache took 9 FlashInfer and 4 SGLang entries (1 already there) "
-                                    "from localhost:5000/team/x:buildcache's kernel layer")
-    assert "took" not in summary(dict(report, seeded={"source": None, "added": None, "tried": []}))
+                                    "from the kernel layer of localhost:5000/team/x:buildcache")
+    two = dict(report, seeded={**report["seeded"], "taken": [{"source": "r/x:a"}, {"source": "r/y:b"}]})
+    assert summary(two).endswith("from the kernel layers of r/x:a, r/y:b")
+    assert "took" not in summary(dict(report, seeded={"taken": [], "added": None, "tried": []}))
 
 
 @given(st.text())
