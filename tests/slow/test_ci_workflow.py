@@ -1,8 +1,8 @@
 """The CI workflow users copy, run for real: its own step scripts, read out of
 .github/workflows/build.yml, run in order in a GitHub-like environment against a docker-registry on
 loopback with TLS from a private CA and a password, on the session's Docker engine. A first run builds,
-smoke-tests and publishes; a fresh runner's run of the same lock reuses it; a release tag's run gives
-the release tag the same digest."""
+smoke-tests and publishes; the gallery's other recipe publishes beside it; a fresh runner's run of the same
+lock reuses it; a release tag's run gives the release tag the same digest."""
 
 from __future__ import annotations
 
@@ -76,10 +76,14 @@ def manifest_digest(registry, repository: str, tag: str) -> str:
 @pytest.mark.slow
 def test_the_workflow_publishes_then_a_fresh_runner_reuses_and_a_release_tag_gets_the_same_digest(
         engine, runner, private_registry, write_recipe, tmp_path):
+    """A gallery of two recipes (two jobs of the matrix, in turn on this engine): each publishes under its own
+    recipe's tag; the second reads the first one's cache of main besides its own."""
     pid = os.getpid()
     recipe = _copy_recipe(write_recipe, f"ci-{pid}")
+    sibling = _copy_recipe(write_recipe, f"ci-{pid}-b")
     repository = f"imagebuild-test/ci-{pid}"
-    env = {**runner, "RECIPE": str(recipe), "IMAGE_REPOSITORY": f"{private_registry.host}/{repository}",
+    env = {**runner, "RECIPES": f"{recipe} {sibling}", "RECIPE": str(recipe),
+           "IMAGE_REPOSITORY": f"{private_registry.host}/{repository}",
            "REGISTRY_CA_CERT": private_registry.ca.read_text(),
            "IMAGEBUILD_REGISTRY_USER": "ci", "IMAGEBUILD_REGISTRY_PASSWORD": USERS["ci"]}
     workdir = tmp_path / "checkout"
@@ -89,13 +93,22 @@ def test_the_workflow_publishes_then_a_fresh_runner_reuses_and_a_release_tag_get
         main = dict(env, GITHUB_REF="refs/heads/main", GITHUB_REF_NAME="main")
         first = run_workflow(main, workdir)
         built_refs.append(first["image"])
-        assert first["image"] == f"imagebuild-test/ci-{pid}:branch-main" and first["smoke"]["probe"]["ok"]
+        assert first["image"] == f"imagebuild-test/ci-{pid}:ci-{pid}-branch-main" and first["smoke"]["probe"]["ok"]
         assert first["registry"]["pushed"] is True
-        assert first["cache"]["to"] == f"{env['IMAGE_REPOSITORY']}:buildcache-branch-main" and first["cache"]["digest"]
+        assert first["cache"]["to"] == f"{env['IMAGE_REPOSITORY']}:buildcache-ci-{pid}-branch-main" and \
+            first["cache"]["digest"]
         digest = first["registry"]["digest"]
-        assert manifest_digest(private_registry, repository, "branch-main") == digest
+        assert manifest_digest(private_registry, repository, f"ci-{pid}-branch-main") == digest
         summary = Path(runner["GITHUB_STEP_SUMMARY"]).read_text()
-        assert f"{env['IMAGE_REPOSITORY']}:branch-main@{digest}" in summary
+        assert f"{env['IMAGE_REPOSITORY']}:ci-{pid}-branch-main@{digest}" in summary
+
+        other = run_workflow(dict(main, RECIPE=str(sibling)), workdir)  # the matrix's other job
+        built_refs.append(other["image"])
+        assert other["image"] == f"imagebuild-test/ci-{pid}-b:ci-{pid}-b-branch-main" and other["registry"]["pushed"]
+        assert f"{env['IMAGE_REPOSITORY']}:buildcache-ci-{pid}-branch-main" in other["cache"]["from"]
+        assert manifest_digest(private_registry, repository, f"ci-{pid}-b-branch-main") == other["registry"]["digest"]
+        assert other["registry"]["digest"] != digest and manifest_digest(
+            private_registry, repository, f"ci-{pid}-branch-main") == digest  # the first job's tag stays its own
 
         engine.remove(first["image"])  # a fresh runner: nothing of this lock in the engine
         again = run_workflow(main, workdir)
@@ -103,7 +116,7 @@ def test_the_workflow_publishes_then_a_fresh_runner_reuses_and_a_release_tag_get
         assert again["registry"]["digest"] == digest and engine.inspect(first["image"]) is None
 
         release = run_workflow(dict(env, GITHUB_REF="refs/tags/v1.0.0", GITHUB_REF_NAME="v1.0.0"), workdir)
-        assert release["reused"] is True and manifest_digest(private_registry, repository, "v1.0.0") == digest
+        assert release["reused"] is True and manifest_digest(private_registry, repository, f"ci-{pid}-v1.0.0") == digest
         assert (workdir / "digest.txt").read_text().strip() == digest
         # The daemon reached the registry with the workflow's CA and login: the CLI config holds the login.
         assert private_registry.host in json.loads((Path(runner["DOCKER_CONFIG"]) / "config.json").read_text())["auths"]
