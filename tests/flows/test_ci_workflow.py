@@ -65,7 +65,7 @@ def test_the_gallery_is_one_job_per_recipe_and_each_reads_every_recipes_main_cac
         done = run_step(workflow_steps()["Registry, credentials and build cache"]["run"],
                         {"RECIPES": recipes, "RECIPE": recipe, "IMAGE_REPOSITORY": "registry.test/team/gallery",
                          "RUNNER_TEMP": str(temp), "GITHUB_REF": "refs/heads/main", "GITHUB_REF_NAME": "main",
-                         "FORK": "false"}, tmp_path)
+                         "FORK": "false", **({"COMPRESSION": "zstd"} if "hopper" in recipe else {})}, tmp_path)
         assert done.returncode == 0, done.stderr
         flags[Path(recipe).stem] = (temp / "build-flags").read_text().splitlines()
     cache = "registry.test/team/gallery:buildcache"
@@ -73,6 +73,7 @@ def test_the_gallery_is_one_job_per_recipe_and_each_reads_every_recipes_main_cac
         "--cache-from", f"{cache}-sglang-hopper-branch-main", "--cache-from", f"{cache}-sglang-hopper-branch-main",
         "--cache-from", f"{cache}-cuda-toolchain-branch-main", "--cache-from", f"{cache}-sglang-blackwell-branch-main",
         "--registry", "registry.test/team/gallery", "--tag", "imagebuild/sglang-hopper:sglang-hopper-branch-main",
-        "--cache-to", f"{cache}-sglang-hopper-branch-main"]
+        "--compression", "zstd", "--cache-to", f"{cache}-sglang-hopper-branch-main"]
+    assert flags["cuda-toolchain"][flags["cuda-toolchain"].index("--compression") + 1] == "gzip"  # the default
     tags = {stem: said[said.index("--tag") + 1].split(":")[1] for stem, said in flags.items()}
     assert len(set(tags.values())) == 3 and all(tag.startswith(stem) for stem, tag in tags.items())
