@@ -39,17 +39,25 @@ def attach(client: RegistryClient, repository: str, subject: Descriptor, artifac
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     response = put_manifest(client, repository, digest, data, MEDIA_MANIFEST)
     artifact = Descriptor(MEDIA_MANIFEST, digest, len(data), dict(annotations or {}), artifact_type)
-    if response.headers.get("OCI-Subject") == subject.digest:
-        return artifact  # the registry lists it under its referrers API itself
-    tag = fallback_tag(subject.digest)
+    list_referrer(client, repository, subject.digest, artifact, response.headers.get("OCI-Subject"))
+    return artifact
+
+
+def list_referrer(client: RegistryClient, repository: str, subject: str, artifact: Descriptor,
+                  oci_subject: str | None) -> None:
+    """After an artifact manifest whose subject is `subject` was put: a registry that answered the PUT with
+    OCI-Subject lists it under its referrers API itself; otherwise the index at the subject's fallback tag
+    gains it (unless it lists it already)."""
+    if oci_subject == subject:
+        return
+    tag = fallback_tag(subject)
     found = get_manifest(client, repository, tag)
     entries = [desc.to_dict() for desc, _ in parse_image_index(found[0], f"{repository}:{tag}", None)] if found else []
-    if any(entry.get("digest") == digest for entry in entries):
-        return artifact  # listed already
+    if any(entry.get("digest") == artifact.digest for entry in entries):
+        return
     entries.append(artifact.to_dict())
     index = canonical_json({"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": entries})
     put_manifest(client, repository, tag, index, MEDIA_INDEX)
-    return artifact
 
 
 def list_referrers(client: RegistryClient, repository: str, digest: str, artifact_type: str | None = None

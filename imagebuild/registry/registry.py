@@ -21,6 +21,7 @@ from imagebuild.image.oci import LayoutError
 from imagebuild.registry.push_source import Reference, export_engine_image, parse_reference
 from imagebuild.registry.auth import AuthFailed, RegistryError, parse_upload_range
 from imagebuild.registry.client import RETRY_ERRORS, RETRY_STATUS, Connection, RegistryClient, describe, with_query
+from imagebuild.registry.referrers import list_referrer
 
 DEFAULT_CHUNK = 64 << 20  # a lost connection costs at most one chunk
 _BLOCK = 1 << 20  # bytes read from a blob file at a time
@@ -256,7 +257,8 @@ class _Pusher:
         self.progress(f"{blob.digest[:19]} the registry dropped the upload; starting it again")
         return self._start_upload(), 0
 
-    def put_manifest(self, manifest: Manifest, target: str) -> None:
+    def put_manifest(self, manifest: Manifest, target: str) -> str | None:
+        """PUT the manifest's bytes; returns the registry's OCI-Subject answer (None when it has none)."""
         response = self.client.request("PUT", f"/v2/{self.repository}/manifests/{target}",
                                        body=manifest.data,
                                        headers={"Content-Type": manifest.media_type})
@@ -267,6 +269,7 @@ class _Pusher:
         if stored and stored != manifest.digest:
             raise RegistryError(f"{self.client.registry} stored manifest {manifest.digest} as "
                                 f"{stored}: it rewrote the bytes")
+        return response.headers.get("OCI-Subject")
 
 
 @dataclass(frozen=True)
@@ -302,7 +305,9 @@ def push(source: str | Path, reference: str | Reference, connection: Connection 
     pusher = _Pusher(client, ref.repository, options.chunk_size, progress)
     results = [pusher.push_blob(blob, sources[blob.digest]) for blob in blobs]
     for manifest in everything:  # referrers and children by digest, the image itself last, by tag
-        pusher.put_manifest(manifest, (ref.tag or ref.digest) if manifest is image else manifest.digest)
+        oci_subject = pusher.put_manifest(manifest, (ref.tag or ref.digest) if manifest is image else manifest.digest)
+        if manifest.subject is not None:  # an SBOM: found by the referrers API, or by its subject's fallback tag
+            list_referrer(client, ref.repository, manifest.subject.digest, manifest.descriptor, oci_subject)
     for tag in options.also_tags:
         pusher.put_manifest(image, tag)
     cache.record(ref.registry, ref.repository, [b.digest for b in blobs])

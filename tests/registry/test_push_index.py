@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from imagebuild.cli import app as cli
-from imagebuild.image import index, oci
+from imagebuild.image import index, oci, sbom
 from imagebuild.image.layout import read_image
+from imagebuild.registry import Connection, list_referrers
 from tests.image.test_oci_index import build_platform_image
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
@@ -84,13 +85,18 @@ def test_an_index_layout_is_pushed_whole_and_pulled_back_by_platform(layouts, pl
            "--override-arch", "arm64", f"docker://{ref}", f"oci:{pulled}:x")
     got = json.loads((pulled / "index.json").read_text())["manifests"][0]["digest"]
     assert got == layout.manifest_for("linux/arm64").digest
+    session = Connection(insecure_http=True).open(plain.host)
     for item in layout.platforms:  # each SBOM is in the registry, naming its platform's manifest
         artifact = skopeo(plain, "inspect", "--raw", "--tls-verify=false",
                           f"docker://{plain.host}/team/multi@{item.sbom.digest}", text=False).stdout
         assert json.loads(artifact)["subject"]["digest"] == item.manifest.digest
+        # and a reader finds it from the manifest: distribution 2.8 has no referrers API, so by the fallback tag
+        assert [d.digest for d in list_referrers(session, "team/multi", item.manifest.digest, sbom.MEDIA_CYCLONEDX)] \
+            == [item.sbom.digest]
 
     code, again = imagebuild(capsys, "push", layouts["multi"], ref, "--insecure-http")
     assert code == 0 and again["bytes_sent"] == 0 and again["digest"] == layout.index.digest
+    assert [len(list_referrers(session, "team/multi", item.manifest.digest)) for item in layout.platforms] == [1, 1]
 
 
 @pytest.mark.engine
@@ -103,4 +109,7 @@ def test_a_single_image_layout_with_its_sbom_needs_no_layout_name(layouts, plain
     single = read_image(layouts["single"])
     assert report["digest"] == single.manifest_digest and report["manifests"] == 2
     assert "platforms" not in report
+    session = Connection(insecure_http=True).open(plain.host)
+    assert [d.digest for d in list_referrers(session, "team/single", single.manifest_digest, sbom.MEDIA_CYCLONEDX)] \
+        == [r.digest for r in single.referrers]
     assert report["digest"] == index.read_index_layout(layouts["multi"]).manifest_for("linux/arm64").digest
