@@ -123,6 +123,11 @@ class Engine(abc.ABC):
     name: str = "engine"
     writes_cache: bool = False  # True: build() itself writes BuildCache.target
 
+    @property
+    def local(self) -> bool:
+        """Whether its containers run on this host, so that this host's devices and nvidia-smi are theirs."""
+        return True
+
     @abc.abstractmethod
     def check(self) -> None:
         """Raise EngineUnavailable, saying how to start the engine, when it does not answer."""

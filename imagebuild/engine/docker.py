@@ -78,6 +78,11 @@ class DockerEngine(Engine):
         return self._client
 
     @property
+    def local(self) -> bool:
+        """A unix socket is this host's daemon; tcp:// or ssh:// (DOCKER_HOST, --engine-host) is another's."""
+        return (self.host or os.environ.get("DOCKER_HOST") or "unix://").startswith("unix://")
+
+    @property
     def cli(self) -> str:
         if self._cli is None:
             self._cli = find_cli()

@@ -64,17 +64,32 @@ def _ask_nvidia_smi() -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def gpus_seen(gpus, ask: Callable[[], str | None] = _ask_nvidia_smi) -> str | None:
+def asked_in_container(engine: Engine, image: str, gpus) -> Callable[[], str | None]:
+    """GPU_QUERY asked inside a throwaway container of the image, given `gpus`: on a remote engine the GPUs are
+    the engine host's, which this host's nvidia-smi does not see. The answer lists the GPUs given, numbered
+    from 0 (the NVIDIA runtime mounts nvidia-smi: its default capabilities hold `utility`)."""
+    def ask() -> str | None:
+        result = engine.run(image, GPU_QUERY, gpus=gpus, timeout=120)
+        return result.stdout if result.exit_code == 0 else None
+    return ask
+
+
+def gpus_seen(gpus, ask: Callable[[], str | None] = _ask_nvidia_smi, *, inside: bool = False) -> str | None:
     """What a smoke run sees: NO_GPUS without GPUs; with them (True: all, or a tuple of GPU numbers), each
-    of those GPUs as nvidia-smi lists it on this host, one `name, compute capability, driver` line each;
-    None when they cannot be read (nvidia-smi missing, or a GPU number it does not list)."""
+    of those GPUs as nvidia-smi lists it, one `name, compute capability, driver` line each: on this host
+    (GPU numbers as the host numbers them), or `inside` the run's container (every GPU it lists, which must
+    be as many as were given). None when they cannot be read (nvidia-smi missing, or a GPU number it does
+    not list)."""
     if not gpus:
         return NO_GPUS
     answer = ask()
     listed = gpus_listed(answer) if answer is not None else None
     if listed is None:
         return None
-    chosen = list(listed) if gpus is True else [str(number) for number in gpus]
+    if inside:
+        chosen = list(listed) if gpus is True or len(listed) == len(gpus) else ["given, not listed"]
+    else:
+        chosen = list(listed) if gpus is True else [str(number) for number in gpus]
     if any(number not in listed for number in chosen):
         return None
     return "\n".join(listed[number] for number in chosen)
@@ -86,11 +101,12 @@ def smoke_cache_key(image_id: str, probe_sha256: str, seen: str) -> str:
     return f"{image_id.replace(':', '-')}-probe-{probe_sha256[:16]}-{gpus}"
 
 
-def smoke_cache_path(image_id: str, gpus, ask: Callable[[], str | None] = _ask_nvidia_smi) -> Path | None:
-    """Where a pass of this image, under this imagebuild's probe, with the GPUs the host shows (or none)
+def smoke_cache_path(image_id: str, gpus, ask: Callable[[], str | None] = _ask_nvidia_smi, *,
+                     inside: bool = False) -> Path | None:
+    """Where a pass of this image, under this imagebuild's probe, with the GPUs the run sees (or none)
     is on record: a pass on one GPU, driver or none says nothing of another. None when GPUs are asked
     for but nvidia-smi does not say which: then nothing is put on record or taken from it."""
-    seen = gpus_seen(gpus, ask)
+    seen = gpus_seen(gpus, ask, inside=inside)
     if seen is None:
         return None
     return cache_dir() / "smoke" / f"{smoke_cache_key(image_id, payload.checksum(), seen)}.json"
@@ -138,10 +154,16 @@ def smoke(image: str, engine: Engine, *, use_cache: bool = False, gpus: bool | t
         info = engine.require(image)
     except ImageNotFound as missing:  # a failed smoke test's type and exit code, the one message
         raise SmokeFailed(str(missing)) from None
-    gpus = os.path.exists("/dev/nvidiactl") if gpus is None else gpus
-    cached = smoke_cache_path(info.id, gpus)
+    if gpus is None and not engine.local:
+        progress(f"smoke test: the {engine.name} engine runs elsewhere, whose GPUs this host cannot see: without "
+                 "--gpus the probe runs without GPUs")
+    gpus = (os.path.exists("/dev/nvidiactl") and engine.local) if gpus is None else gpus
+    if engine.local:
+        cached = smoke_cache_path(info.id, gpus)
+    else:  # the GPUs are the engine host's: asked in a container given them, as the probe will be
+        cached = smoke_cache_path(info.id, gpus, asked_in_container(engine, info.id, gpus), inside=True)
     if cached is None:
-        progress("smoke test: nvidia-smi does not say which GPUs this host has: no pass is taken from record "
+        progress("smoke test: nvidia-smi does not say which GPUs the run sees: no pass is taken from record "
                  "or put on it")
     if use_cache and cached is not None and cached.is_file():
         recorded = read_pass(cached)

@@ -18,8 +18,12 @@ from hypothesis import strategies as st
 
 from imagebuild import flows, payload
 from imagebuild.bootstrap import ensure_base_image
-from imagebuild.flows.smoke import (NO_GPUS, gpus_listed, gpus_seen, read_pass, smoke_cache_key, smoke_cache_path,
-                                    smoke_on_record, smoke_passed)
+from imagebuild.engine import ImageInfo
+from imagebuild.engine.contract import RunResult
+from imagebuild.engine.docker import DockerEngine
+from imagebuild.flows.smoke import (GPU_QUERY, NO_GPUS, gpus_listed, gpus_seen, read_pass, smoke_cache_key,
+                                    smoke_cache_path, smoke_on_record, smoke_passed)
+from imagebuild.render.paths import PROBE_COMMAND
 from imagebuild.lock import read_lock
 from imagebuild.recipe.model import load_recipe
 
@@ -52,6 +56,63 @@ def test_recorded_nvidia_smi_answers_no_gpu_here_are_read_gpu_by_gpu():
     assert gpus_seen(("1", "0"), recorded(TWO)) == f"{rtx}\n{h200}"
     assert gpus_seen(("2",), recorded(TWO)) is None  # a GPU nvidia-smi does not list: nothing on record
     assert gpus_seen(False, recorded(TWO)) == NO_GPUS  # nvidia-smi is not asked without GPUs
+
+
+def test_inside_the_runs_container_every_gpu_listed_is_one_given_recorded_answers_no_gpu_here():
+    """On a remote engine nvidia-smi is asked in a container given the run's GPUs: `--gpus 1` lists that GPU
+    as number 0, so the key takes what the container lists, which must be as many GPUs as were given."""
+    rtx = "NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0, 580.159.04"
+    assert gpus_seen(("1",), recorded(RTX_PRO), inside=True) == rtx
+    assert gpus_seen(("1",), recorded(RTX_PRO)) is None  # the same answer read as the host's: no GPU 1 there
+    assert gpus_seen(True, recorded(TWO), inside=True) == gpus_seen(True, recorded(TWO))
+    assert gpus_seen(("0", "1"), recorded(H200), inside=True) is None  # two given, one listed: nothing on record
+    # the same GPU, whichever number its host gives it: one record
+    assert smoke_cache_path(IMAGE, ("1",), recorded(RTX_PRO), inside=True) == smoke_cache_path(IMAGE, ("1",), recorded(TWO))
+
+
+class RemoteGpuHost(DockerEngine):
+    """Mock of what cannot exist here: a Docker engine on another host (ssh://) with an RTX PRO 6000 as GPU 1.
+    Its containers list that GPU as number 0, and its probe passes."""
+
+    def __init__(self):
+        super().__init__(host="ssh://gpu-node")
+        self.runs: list[tuple] = []
+
+    def check(self) -> None:
+        pass
+
+    def require(self, ref: str) -> ImageInfo:
+        return ImageInfo(IMAGE, 1)
+
+    def run(self, image, command, *, network=False, gpus=False, timeout=600) -> RunResult:
+        self.runs.append((tuple(command), gpus))
+        if tuple(command) == GPU_QUERY:
+            return RunResult(0, RTX_PRO if gpus else "", "")
+        assert tuple(command) == PROBE_COMMAND
+        return RunResult(0, json.dumps({"ok": True, "checks": [{"name": "gpu", "status": "pass"}]}), "")
+
+
+def test_a_remote_engines_gpus_are_asked_in_a_container_given_them_mock_gpu_host(cache, monkeypatch):
+    remote = RemoteGpuHost()
+    assert not remote.local and DockerEngine(host="tcp://10.0.0.5:2376").local is False
+    assert DockerEngine(host="unix:///var/run/docker.sock").local
+    monkeypatch.setenv("DOCKER_HOST", "ssh://gpu-node")
+    assert not DockerEngine().local
+    monkeypatch.delenv("DOCKER_HOST")
+    assert DockerEngine().local
+
+    first = flows.smoke(IMAGE, remote, use_cache=True, gpus=("1",))
+    assert first.ok and not first.cached and remote.runs == [(GPU_QUERY, ("1",)), (PROBE_COMMAND, ("1",))]
+    on_record = smoke_cache_path(IMAGE, ("1",), recorded(RTX_PRO), inside=True)
+    assert on_record.is_file()  # keyed by the RTX PRO the run saw, not by this host (which has no nvidia-smi)
+    remote.runs.clear()
+    again = flows.smoke(IMAGE, remote, use_cache=True, gpus=("1",))
+    assert again.cached and remote.runs == [(GPU_QUERY, ("1",))]  # the GPU asked again; the probe not run
+
+    said: list[str] = []
+    remote.runs.clear()
+    flows.smoke(IMAGE, remote, use_cache=True, progress=said.append)  # no --gpus: this host's devices say nothing
+    assert remote.runs == [(PROBE_COMMAND, False)] and "runs elsewhere" in said[0]
 
 
 def test_the_key_moves_with_each_gpu_name_capability_and_driver_recorded_answers_no_gpu_here():
