@@ -31,7 +31,7 @@ from imagebuild.common import host_arch
 from imagebuild.engine import Engine
 from imagebuild.errors import ImagebuildError, ToolMissing
 from imagebuild.knowledge import Finding, MalformedProbeFinding, Status, from_probe
-from imagebuild.knowledge.rules.host import compat_findings
+from imagebuild.knowledge.rules.host import compat_findings, platform_finding
 from imagebuild.payload import probe
 from imagebuild.payload.probe import bundle
 
@@ -47,7 +47,6 @@ _FIND_PYTHON = ('for p in python3 python; do if command -v "$p" >/dev/null 2>&1;
 BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
 QEMU_ARCH = {"amd64": "x86_64", "arm64": "aarch64", "arm": "arm", "386": "i386", "ppc64le": "ppc64le",
              "s390x": "s390x", "riscv64": "riscv64"}  # GOARCH -> qemu-user's name, as binfmt-support registers it
-BINFMT_FIX = "apt-get install qemu-user-static binfmt-support"
 
 
 class DoctorFailed(ImagebuildError):
@@ -169,30 +168,6 @@ def image_platform(image: str, machine: str | None = None, binfmt_dir: Path | No
     emulated = arch != host
     return {"image": str(image), "host": f"linux/{host}", "emulated": emulated,
             "binfmt": binfmt_handler(arch, binfmt_dir) if emulated else None}
-
-
-def platform_finding(runs: Mapping) -> Finding:
-    """The `platform` finding: the host's own; emulated (slow, no GPU); or cannot run (no handler)."""
-    image, host, binfmt = runs["image"], runs["host"], runs["binfmt"]
-    if not runs["emulated"]:
-        return Finding.check("platform", Status.PASS, f"{image}, the host's own", image=image, host=host)
-    if binfmt["enabled"]:
-        return Finding.check(
-            "platform", Status.WARNING, f"{image} on a {host} host: runs under emulation ({binfmt['handler']}, "
-            "binfmt handler enabled), slowly, and without the GPU, whose driver libraries here are "
-            f"{host.split('/')[1]}", image=image, host=host, binfmt=binfmt)
-    if binfmt["handler"] is None:
-        return Finding.check("platform", Status.ERROR, f"{image or 'an unknown platform'} on a {host} "
-                             "host: imagebuild knows no qemu handler that runs it, so the image cannot "
-                             "run here", f"run doctor on a {image or 'matching'} host", image=image,
-                             host=host, binfmt=binfmt)
-    registered = binfmt["registered"]
-    fix = f"update-binfmts --enable {binfmt['handler']}" if registered else BINFMT_FIX
-    return Finding.check(
-        "platform", Status.ERROR, f"{image} on a {host} host needs emulation, and its binfmt handler "
-        f"{binfmt['handler']} {'is disabled' if registered else 'is not registered'} ({binfmt['path']}): "
-        "the image cannot run here", probe.shell_fix([fix], [f"or run doctor on a {image} host"]),
-        image=image, host=host, binfmt=binfmt)
 
 
 def inline_probe() -> list:

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from imagebuild.flows import doctor
+from imagebuild.knowledge.rules.host import BINFMT_FIX, platform_finding
 from imagebuild.cli import app as cli
 from imagebuild.errors import EXIT_FAILED, EXIT_OK
 from tests.conftest import cannot_run
@@ -31,7 +32,7 @@ def need_emulation(arch: str) -> None:
     handler = doctor.binfmt_handler(arch)
     if not handler["enabled"]:
         cannot_run(f"no enabled binfmt handler {handler['handler']} ({handler['path']})",
-                   f"`{doctor.BINFMT_FIX}` registers it")
+                   f"`{BINFMT_FIX}` registers it")
 
 
 def debian_base(engine, arch: str) -> str | None:
@@ -137,7 +138,7 @@ def test_no_binfmt_handler_is_one_failing_finding_with_the_install_command(engin
 
 def test_a_disabled_handler_is_enabled_again_not_reinstalled(tmp_path):
     (tmp_path / "qemu-aarch64").write_text("disabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\n")
-    finding = doctor.platform_finding(doctor.image_platform("linux/arm64/v8", "x86_64", tmp_path)).to_probe()
+    finding = platform_finding(doctor.image_platform("linux/arm64/v8", "x86_64", tmp_path)).to_probe()
     assert finding["status"] == "fail" and "qemu-aarch64 is disabled" in finding["detail"]
     assert finding["fix"].startswith("update-binfmts --enable qemu-aarch64")
 
@@ -146,15 +147,15 @@ def test_an_arm64_host_runs_amd64_images_through_qemu_x86_64(tmp_path):
     (tmp_path / "qemu-x86_64").write_text("enabled\ninterpreter /usr/libexec/qemu-binfmt/x86_64-binfmt-P\n")
     runs = doctor.image_platform("linux/amd64", "aarch64", tmp_path)
     assert runs["host"] == "linux/arm64" and runs["binfmt"]["handler"] == "qemu-x86_64"
-    finding = doctor.platform_finding(runs).to_probe()
+    finding = platform_finding(runs).to_probe()
     assert finding["status"] == "warn" and "driver libraries here are arm64" in finding["detail"]
-    assert doctor.platform_finding(doctor.image_platform("linux/arm64", "arm64")).to_probe()["status"] == "pass"
-    unknown = doctor.platform_finding(doctor.image_platform("linux/mips64le", "x86_64", tmp_path)).to_probe()
+    assert platform_finding(doctor.image_platform("linux/arm64", "arm64")).to_probe()["status"] == "pass"
+    unknown = platform_finding(doctor.image_platform("linux/mips64le", "x86_64", tmp_path)).to_probe()
     assert unknown["status"] == "fail" and "knows no qemu handler" in unknown["detail"]
 
 
 @given(st.text(max_size=30), st.text(max_size=12))
 def test_platform_rule_never_raises(image, machine):
     runs = doctor.image_platform(image, machine, Path("/nonexistent-binfmt_misc"))
-    assert doctor.platform_finding(runs).to_probe()["status"] in ("pass", "warn", "fail")
+    assert platform_finding(runs).to_probe()["status"] in ("pass", "warn", "fail")
     json.dumps(runs)

@@ -1,5 +1,6 @@
 """The rules over a live host's facts, as the doctor probe reports them (flows/doctor.py runs it): the
-newest CUDA the driver runs, glibc against nvcc, and whether nvcc and ptxas can target the GPUs here.
+newest CUDA the driver runs, glibc against nvcc, and whether nvcc and ptxas can target the GPUs here; and
+whether an image's platform runs on this host (platform_finding, over what flows/doctor.py gathers).
 
 Each is the recipe rules (rules/recipe.py) applied to what the host has, merged into one doctor check.
 The probe's own vocabulary (its consumers, which ptxas Triton runs) is the payload's, read from it.
@@ -16,6 +17,8 @@ from imagebuild.knowledge.finding import Finding, Status, has_errors
 from imagebuild.knowledge.rules.recipe import check_archs, check_driver, check_glibc
 from imagebuild.payload import probe
 from imagebuild.recipe.cuda import CudaVersion, parse_driver
+
+BINFMT_FIX = "apt-get install qemu-user-static binfmt-support"
 
 
 def compat_findings(facts: Mapping) -> list[Finding]:
@@ -123,3 +126,27 @@ def _arch_targets(facts: Mapping) -> Finding:
                          for f in check_archs(CudaVersion.parse(release), [target])]
     return _merge("gpu-targets", findings, f"{', '.join(compilers)} can compile for "
                   + ", ".join("sm_" + cap.replace(".", "") for cap in caps))
+
+
+def platform_finding(runs: Mapping) -> Finding:
+    """The `platform` finding: the host's own; emulated (slow, no GPU); or cannot run (no handler)."""
+    image, host, binfmt = runs["image"], runs["host"], runs["binfmt"]
+    if not runs["emulated"]:
+        return Finding.check("platform", Status.PASS, f"{image}, the host's own", image=image, host=host)
+    if binfmt["enabled"]:
+        return Finding.check(
+            "platform", Status.WARNING, f"{image} on a {host} host: runs under emulation ({binfmt['handler']}, "
+            "binfmt handler enabled), slowly, and without the GPU, whose driver libraries here are "
+            f"{host.split('/')[1]}", image=image, host=host, binfmt=binfmt)
+    if binfmt["handler"] is None:
+        return Finding.check("platform", Status.ERROR, f"{image or 'an unknown platform'} on a {host} "
+                             "host: imagebuild knows no qemu handler that runs it, so the image cannot "
+                             "run here", f"run doctor on a {image or 'matching'} host", image=image,
+                             host=host, binfmt=binfmt)
+    registered = binfmt["registered"]
+    fix = f"update-binfmts --enable {binfmt['handler']}" if registered else BINFMT_FIX
+    return Finding.check(
+        "platform", Status.ERROR, f"{image} on a {host} host needs emulation, and its binfmt handler "
+        f"{binfmt['handler']} {'is disabled' if registered else 'is not registered'} ({binfmt['path']}): "
+        "the image cannot run here", probe.shell_fix([fix], [f"or run doctor on a {image} host"]),
+        image=image, host=host, binfmt=binfmt)
