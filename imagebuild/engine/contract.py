@@ -2,8 +2,9 @@
 
 An engine builds a context into an image named only by a hold the caller owns (so a failed build or a
 failed smoke test never leaves the recipe's tag, and nothing removes the image while the caller smokes it:
-a build of the same lock elsewhere on the engine makes the same id), tags it, runs a command in a throwaway container, inspects images (ImageInfo, and the
-config a container of one runs with: ImageConfig) and removes them, and imports a rootfs tar as a base.
+a build of the same lock elsewhere on the engine makes the same id), tags it, runs a command in a
+throwaway container, inspects images (ImageInfo, and the config a container of one runs with:
+ImageConfig) and removes them, and imports a rootfs tar as a base.
 An image that is not there is errors.ImageNotFound (Engine.require, Engine.image_config).
 DockerEngine (engine/docker.py) is the implementation in use; BuildahEngine (engine/buildah.py) builds
 without a daemon. How a build tool's output is streamed lives in engine/streams.py. A new engine

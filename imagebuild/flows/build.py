@@ -1,7 +1,7 @@
 """The build flow: each platform of a recipe, from its fresh lock to a smoke-tested, tagged image.
 
     check ─▶ locks (fresh, or refused) ─▶ per platform: [reuse] ─▶ base ─▶ [kernel seed] ─▶ render
-          ─▶ engine.build under a hold name ─▶ smoke ─▶ tag [─▶ cache push] ─▶ (one platform: [registry push])
+          ─▶ engine.build, held ─▶ smoke ─▶ tag [─▶ cache push] ─▶ (one platform: [registry push])
 
 A recipe without [platforms.*] is one platform, tagged NAME:TAG; with several, each platform's image is
 tagged NAME:TAG-<arch> (Docker 20.10 keeps one platform per tag) and this machine's own also NAME:TAG; an

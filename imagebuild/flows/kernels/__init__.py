@@ -14,4 +14,5 @@ from imagebuild.flows.kernels.step import (KernelStepWatch, parse_progress, pars
                                            summary)
 
 __all__ = ["KernelLayer", "KernelStepWatch", "entry_names", "find_kernel_layer", "lay_out", "merge_entries",
-           "parse_progress", "parse_seeded", "parse_stats", "progress_text", "read_kernel_layer", "seed_engine", "summary"]
+           "parse_progress", "parse_seeded", "parse_stats", "progress_text", "read_kernel_layer", "seed_engine",
+           "summary"]
