@@ -64,6 +64,10 @@ def parse_stats(line: str) -> dict | None:
     resumed = value.get("resumed_objects")
     if isinstance(resumed, int) and not isinstance(resumed, bool) and resumed > 0:
         stats["resumed_objects"] = resumed
+    triton = value.get("triton")  # the forward's Triton kernels compiled into Triton's cache (kernels_triton.py)
+    if isinstance(triton, dict) and _count(triton.get("kernels")) and isinstance(triton.get("seconds"), (int, float)) \
+            and not isinstance(triton["seconds"], bool) and triton["seconds"] >= 0:
+        stats["triton"] = {"kernels": triton["kernels"], "seconds": float(triton["seconds"])}
     return stats
 
 
@@ -150,6 +154,9 @@ def summary(kernels: dict) -> str:
                      "compiled again: " + ", ".join(f"{e['kind']} {e['name']} ({e['problem']})" for e in kernels["rejected"]))
         if kernels.get("resumed_objects"):
             text += f"; {kernels['resumed_objects']} objects came from an interrupted compile of the same kernels"
+        if kernels.get("triton"):
+            text += (f"; {kernels['triton']['kernels']} Triton kernels of the forward compiled into Triton's cache "
+                     f"({kernels['triton']['seconds']:.1f} s)")
     seeded = kernels.get("seeded")
     if seeded and seeded.get("added"):
         added = seeded["added"]

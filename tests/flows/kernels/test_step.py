@@ -191,3 +191,13 @@ def test_with_json_progress_each_module_is_an_event_a_tool_reads(capsys):
     assert lines[1]["progress"].endswith(PROGRESS_MARK + json.dumps(
         {"kind": "flashinfer", "name": "sampling", "state": "compiling", "objects_done": 1, "objects": 3, "seconds": 20.4}))
     assert lines[2] == {"progress": "#12 70.0 [red]not markup[/red]"}
+
+
+def test_the_triton_kernels_seeded_are_said_and_nonsense_is_dropped():
+    report = parse_stats(STATS_MARK + json.dumps(dict(STATS, triton={"kernels": 3, "seconds": 21.4})))
+    assert report["triton"] == {"kernels": 3, "seconds": 21.4}
+    assert summary(report).endswith("; 3 Triton kernels of the forward compiled into Triton's cache (21.4 s)")
+    for nonsense in (None, {}, {"kernels": -1, "seconds": 2}, {"kernels": 3, "seconds": "2"}, [3], {"kernels": True,
+                                                                                                      "seconds": 1}):
+        report = parse_stats(STATS_MARK + json.dumps(dict(STATS, triton=nonsense)))
+        assert "triton" not in report and "Triton" not in summary(report)
