@@ -279,9 +279,21 @@ def sglang_launches(shape: dict, launches: Launches) -> None:
         elif what.startswith("kv-store"):
             tp = int(what.rpartition("tp")[2])
             launches.run(name, f"sglang store_cache tp{tp}", lambda: _store_cache(shape, tp, device))
+        elif what == "clamp-position":
+            launches.run(name, "sglang clamp_position_cuda (int64 seq_lens)", lambda: _clamp_position(device))
         else:  # a builder this check has no launch for: the verdict finds its kernel never launched
             launches.results.append({"shape": name, "call": f"sglang {what}", "error": "no launch written for it",
                                      "loaded": []})
+
+
+def _clamp_position(device):
+    """A decode step's positions from the scheduler's int64 seq_lens (a 0 among them: the clamp's own case)."""
+    import torch
+    from sglang.kernels.ops.attention.clamp_position import clamp_position_cuda
+    seq_lens = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randint(1, 40960, (63,))]).to(device)
+    out = clamp_position_cuda(seq_lens)
+    wrong = int((out.cpu() != torch.clamp(seq_lens.cpu() - 1, min=0)).sum())
+    return {"relative_error": wrong / seq_lens.numel()}, lambda: clamp_position_cuda(seq_lens)
 
 
 def _silu_and_mul(dtype, device):

@@ -197,8 +197,9 @@ def flashinfer_modules(shapes: list, archs: list, dry: bool) -> dict:
 
 def sglang_builders(shape: dict) -> list:
     """(what, builder, args) for SGLang's JIT kernels a forward of this shape reaches."""
+    import torch
     from sglang.kernels.ops.activation import activation
-    from sglang.kernels.ops.attention import rope
+    from sglang.kernels.ops.attention import clamp_position, rope
     from sglang.kernels.ops.kvcache import kvcache
     from sglang.kernels.ops.layernorm import norm
 
@@ -221,6 +222,11 @@ def sglang_builders(shape: dict) -> list:
     for tp in shape["tp"]:
         row = max(1, shape["kv_heads"] // tp) * shape["head_dim"] * ELEMENT_BYTES[shape["kv_dtype"]]
         builders.append((f"kv-store tp{tp}", kvcache._jit_kvcache_module, (row, row, 0)))
+    # Every decode step's positions: ForwardBatch.init_new calls clamp_position(batch.seq_lens) (SGLang 0.5.23
+    # forward_batch_info.py:1226-1228), whose op takes the JIT backend first on CUDA (clamp_position.py:44-49),
+    # for the scheduler's int64 seq_lens (schedule_batch.py:2786, :2876). CUDA-graph capture never calls init_new,
+    # so without it a server's first decode compiled this module with nvcc (read 2026-12-06).
+    builders.append(("clamp-position", clamp_position._jit_clamp_position_module, (torch.int64,)))
     return builders
 
 
