@@ -120,6 +120,7 @@ def stage_of(module: str) -> str:
 # FlashInfer's and SGLang's loaders; the GPU check launches them through their wrappers and ops): they may
 # import that stack, inside functions only, so the probe package still imports on a bare interpreter.
 STACK_DRIVERS = {"kernels_aot.py": {"torch", "flashinfer", "sglang"}, "kernels_moe.py": {"torch"},
+                 "kernels_triton.py": {"torch", "triton", "sglang"},
                  "gpu_launch.py": {"torch", "flashinfer", "sglang", "deep_gemm"}}
 
 

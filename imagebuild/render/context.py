@@ -25,7 +25,8 @@ from imagebuild.recipe.layers import LAYER_ORDER
 from imagebuild.recipe.model import Recipe
 import imagebuild.render.markers as markers  # not via the package's face, which imports this module
 import imagebuild.render.paths as paths
-from imagebuild.render.paths import AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, SGLANG_JIT_CACHE, VENV
+from imagebuild.render.paths import (AOT_MANIFEST, KERNEL_CACHE_DIR, KERNEL_CACHE_ID, SGLANG_JIT_CACHE, TRITON_CACHE,
+                                     VENV)
 from imagebuild.render.templates import TEMPLATE
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -33,8 +34,8 @@ PATCHER_SOURCE = payload.PATCHER
 PRUNER_SOURCE = payload.PRUNER
 AOT_SOURCES = tuple(Path(bundle.SOURCE) / name  # the build step's script and what it runs with, side by side in aot/
                     for name in ("kernels/kernels_aot.py", "kernels/kernels_moe.py", "kernels/kernel_cache.py",
-                                 "kernels/kernel_inputs.py", "kernels/compile_resume.py", "waste.py",
-                                 "kernels/deterministic_pid.c"))
+                                 "kernels/kernel_inputs.py", "kernels/compile_resume.py", "kernels/kernels_triton.py",
+                                 "waste.py", "kernels/deterministic_pid.c"))
 LABEL_PREFIX = "io.imagebuild"
 
 
@@ -205,7 +206,7 @@ def labels(lock: Lock, recipe: Recipe) -> dict[str, str]:
 
 
 def aot_env(recipe: Recipe) -> dict[str, str]:
-    """What [aot] adds to the image's environment: where SGLang's seeded cache is, and deep_gemm's mode.
+    """What [aot] adds to the image's environment: where SGLang's and Triton's seeded caches are, and deep_gemm's mode.
     A recipe [env] value may move the cache; one that contradicts deep_gemm's mode is an error."""
     aot = recipe.aot
     if aot is None:
@@ -213,6 +214,8 @@ def aot_env(recipe: Recipe) -> dict[str, str]:
     env = {}
     if aot.sglang and "SGLANG_JIT_CACHE_DIR" not in recipe.env:
         env["SGLANG_JIT_CACHE_DIR"] = SGLANG_JIT_CACHE
+    if aot.sglang and "TRITON_CACHE_DIR" not in recipe.env:  # the forward's Triton kernels, seeded there
+        env["TRITON_CACHE_DIR"] = TRITON_CACHE
     if aot.deep_gemm == "disabled":
         given = recipe.env.get("SGLANG_ENABLE_JIT_DEEPGEMM")
         if given not in (None, "0", "false", "False"):

@@ -21,6 +21,7 @@ PATCHES = f"{ROOT}/patches"
 AOT_MANIFEST = findings_kernels.KERNEL_MANIFEST  # what the [aot] step built, with sha256s (the payload's constant)
 VENV = "/opt/venv"  # every locked wheel
 SGLANG_JIT_CACHE = "/var/cache/sglang/jit"  # SGLang's JIT cache, seeded by the [aot] step
+TRITON_CACHE = "/var/cache/triton"  # Triton's cache, seeded by the [aot] step with the forward's Triton kernels
 
 # What a build step borrows: bind mounts, cache mounts and scratch space.
 RUN = "/run/imagebuild"

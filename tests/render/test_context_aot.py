@@ -64,6 +64,7 @@ def test_no_aot_table_renders_no_step(tmp_path):
 def test_environment_seeded_cache_and_deep_gemm_switch(tmp_path):
     values = render_values(_stack_lock(), _recipe(tmp_path, aot=AOT))
     assert values.env_recipe["SGLANG_JIT_CACHE_DIR"] == "/var/cache/sglang/jit"
+    assert values.env_recipe["TRITON_CACHE_DIR"] == "/var/cache/triton"  # the seeded Triton kernels' home
     assert values.env_recipe["SGLANG_ENABLE_JIT_DEEPGEMM"] == "0"
     moved = _recipe(tmp_path, aot=replace(AOT, deep_gemm="jit"), env={"SGLANG_JIT_CACHE_DIR": "/srv/sgl"})
     env = render_values(_stack_lock(), moved).env_recipe

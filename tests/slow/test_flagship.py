@@ -201,6 +201,19 @@ def check_zero_jit(engine, image: str, check: dict) -> None:
     # What a server's first request still compiles is listed by name: Triton's kernels on the forward path.
     assert "position.compute_position_kernel" in sglang["first_use"]["triton"] and not sglang["first_use"]["errors"]
     assert "still compiled at first use, by Triton" in check["detail"]
+    # ... but not the one the [aot] step seeded into Triton's cache for sm_120: Triton itself said it was a hit
+    triton = evidence["proof"]["triton"]
+    assert sorted((e["kernel"], e["target"], e["hit"]) for e in triton["served"]) == [
+        ("compute_position_kernel", 120, True), ("create_flashinfer_kv_indices_triton", 120, True),
+        ("create_flashinfer_kv_indices_triton", 120, True)]  # int64 lengths (capture, decode), int32 (prefill)
+    assert triton["unlaunched"] == [] and triton["rekeyed"] == []
+    assert triton["control"]["missed"] and manifest["triton"]["cache_dir"] == "/var/cache/triton"
+    assert "compute_position_kernel sm_120" in check["detail"]
+    still = check["detail"].partition("still compiled at first use")[2]
+    assert "position.compute_position_kernel" not in still and "create_flashinfer_kv_indices_triton" not in still
+    assert "write_req_to_token_pool_triton" in still  # listed: not seeded (its stride is the context length)
+    # SGLang's decode positions (clamp_position, int64) are among the kernels built and loaded with JIT off
+    assert any(what == "clamp-position" for _, what, _ in sglang["hits"])
     # The image's SGLang cache holds what the inputs decide: each leaf's dependency list, not ninja's build times.
     listed = engine.run(image, ["find", manifest["sglang_jit_cache_dir"], "-type", "f"]).stdout.split()
     assert [p for p in listed if p.endswith("/sgl_deps.json")] and not [p for p in listed if p.endswith("/.ninja_log")]

@@ -31,6 +31,7 @@ Split by what runs when; shared at the top:
       kernel_cache.py   the kernel cache those builds keep across builds, keyed by what decides their bytes
         kernel_inputs.py  what a FlashInfer module's compile reads (its #include closure), and its key
       compile_resume.py an interrupted compile resumes from the objects it finished
+      kernels_triton.py the forward's Triton kernels, compiled into Triton's cache for the [aot] GPUs, no GPU here
       deterministic_pid.c  the C shim [aot]'s compiles run under, so their bytes repeat
     doctor/           doctor mode (--doctor): gather a live host's facts, make the findings
       doctor.py         run_doctor

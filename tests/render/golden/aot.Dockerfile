@@ -47,6 +47,7 @@ RUN --mount=type=bind,source=tools/uv,target=/usr/local/bin/uv \
 
 ENV DG_JIT_CACHE_DIR="/var/cache/deep_gemm" \
     SGLANG_JIT_CACHE_DIR="/var/cache/sglang/jit" \
+    TRITON_CACHE_DIR="/var/cache/triton" \
     SGLANG_ENABLE_JIT_DEEPGEMM="0"
 
 # Kernels prebuilt for the serving shapes llama3-8b-bf16, llama3-8b-fp8kv ([aot]) for 12.0f: the modules the

@@ -69,6 +69,68 @@ def check_artifacts(manifest: dict, archs: list) -> list:
         if lacking:
             problems.append(f"{artifact.get('name')}: no SASS for {', '.join(f'sm_{a}' for a in lacking)} "
                             f"(it holds {', '.join(f'sm_{a}' for a in found['sass']) or 'none'})")
+    return problems + triton_file_problems(manifest.get("triton") or {})
+
+
+def triton_file_problems(triton) -> list:
+    """Each seeded Triton kernel's files are in its cache folder with the sha256 the seed recorded."""
+    problems = []
+    for kernel in _dicts(triton.get("kernels") if isinstance(triton, dict) else None):
+        label = f"Triton's {kernel.get('kernel')} for sm_{kernel.get('target')}"
+        files = kernel.get("files")
+        if not isinstance(files, dict) or not files:
+            problems.append(f"{label}: the manifest lists no file")
+            continue
+        for name, sha256 in sorted(files.items()):
+            path = os.path.join(str(kernel.get("folder", "")), str(name))
+            if not os.path.isfile(path):
+                problems.append(f"{label}: {path} is missing")
+            elif _sha256(path) != sha256:
+                problems.append(f"{label}: {path} is not the file the seed wrote")
+    return problems
+
+
+def _dicts(value) -> list:
+    """The dicts of a list read from JSON; anything else, nothing."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _strings(value) -> list:
+    return [str(item) for item in value] if isinstance(value, list) else [str(value)] if value else []
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def triton_problems(proof: dict, manifest: dict) -> list:
+    """The seeded Triton kernels, launched again as a first request launches them: each a cache hit at the key
+    the seed recorded, none left unlaunched, and an undeclared target a miss."""
+    recorded = manifest.get("triton")
+    seeded = _dicts(recorded.get("kernels")) if isinstance(recorded, dict) else []
+    triton = proof.get("triton")
+    if not seeded:
+        return [] if not recorded else ["the manifest's Triton entry lists no kernel"]
+    if not isinstance(triton, dict):
+        return [f"the manifest lists {len(seeded)} Triton kernel(s) but the proof launched none"]
+    problems = [f"a Triton launch failed: {error}" for error in _strings(triton.get("errors"))]
+    served = _dicts(triton.get("served"))
+    if not served:
+        problems.append("no Triton kernel was launched")
+    compiled = sorted({f"{e.get('kernel')} sm_{e.get('target')}" for e in served if e.get("hit") is not True})
+    if compiled:
+        problems.append("Triton compiled at first use what the seed should have served: " + ", ".join(compiled))
+    if triton.get("unlaunched"):
+        problems.append("seeded Triton kernels no launch reached: " + ", ".join(_strings(triton["unlaunched"])))
+    if triton.get("rekeyed"):
+        problems.append("Triton asked for other keys than the seed wrote: " + ", ".join(_strings(triton["rekeyed"])))
+    control = triton.get("control") if isinstance(triton.get("control"), dict) else {}
+    if control.get("missed") is not True:
+        seen = control.get("error") or "launched " + (", ".join(_strings(control.get("kernels"))) or "nothing")
+        problems.append(f"the undeclared Triton target sm_{control.get('target')} did not miss ({seen}): "
+                        "the proof cannot tell a hit from a compile")
     return problems
 
 
@@ -237,6 +299,7 @@ def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls
     sglang = proof.get("sglang")
     evidence.update(proof=proof)
     problems.extend(coverage_problems(proof, manifest))
+    problems.extend(triton_problems(proof, manifest))
     if flashinfer["misses"]:
         problems.append("FlashInfer missed: " + "; ".join(
             f"{m['shape']} {m['load']} {m.get('module')}: {m.get('error') or 'not from the manifest'}"
@@ -268,16 +331,33 @@ def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls
               + (f" and an undeclared target missed ({target['module']})" if target else "")
               + (f"; nvcc was spawned {len(nvcc_queries)} time(s) to list its archs (FlashInfer's arch check at "
                  "load, nothing compiled): the image keeps nvcc for it" if nvcc_queries else ""))
-    return make_check("zero-jit", PASS, detail + first_use_said(sglang), **evidence)
+    return make_check("zero-jit", PASS, detail + triton_said(proof.get("triton"))
+                      + first_use_said(sglang, proof.get("triton")), **evidence)
 
 
-def first_use_said(sglang) -> str:
-    """What a server's first request still compiles, by name: Triton's kernels on the forward path."""
+def triton_said(triton) -> str:
+    served = sorted({f"{e.get('kernel')} sm_{e.get('target')}" for e in _dicts((triton or {}).get("served"))}) \
+        if isinstance(triton, dict) else []
+    if not served:
+        return ""
+    control = triton.get("control") if isinstance(triton.get("control"), dict) else {}
+    return (f"; {len(served)} Triton kernel(s) of the forward served from Triton's cache ({', '.join(served)}), "
+            f"an undeclared target missed (sm_{control.get('target')})")
+
+
+def first_use_said(sglang, triton=None) -> str:
+    """What a server's first request still compiles, by name: the Triton kernels of the forward path's ops that
+    the seed did not serve."""
     first = (sglang or {}).get("first_use") if isinstance(sglang, dict) else None
     if not isinstance(first, dict):
         return ""
-    names = [str(name) for name in first.get("triton") or []]
+    seeded = {str(e.get("kernel")) for e in _dicts(triton.get("served"))} if isinstance(triton, dict) else set()
+    names = [str(name) for name in first.get("triton") or [] if str(name).rpartition(".")[2] not in seeded]
     read = ", ".join(str(m) for m in first.get("modules") or []) or "no module"
-    said = (f"; still compiled at first use, by Triton with its own ptxas (not seeded): {len(names)} kernel(s) of the "
-            f"ops {read} import: {', '.join(names)}" if names else f"; no Triton kernel found in what {read} import")
+    if names:
+        said = (f"; still compiled at first use, by Triton with its own ptxas (not seeded): {len(names)} kernel(s) "
+                f"of the ops {read} import: {', '.join(names)}")
+    else:
+        said = f"; every Triton kernel found in what {read} import is seeded" if seeded else \
+            f"; no Triton kernel found in what {read} import"
     return said + (f" (unreadable: {'; '.join(map(str, first['errors']))})" if first.get("errors") else "")

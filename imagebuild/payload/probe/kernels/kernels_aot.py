@@ -32,13 +32,14 @@ import tempfile
 import time
 
 try:
-    from . import compile_resume, kernel_cache, kernel_inputs, kernels_moe
+    from . import compile_resume, kernel_cache, kernel_inputs, kernels_moe, kernels_triton
     from ..waste import elf_sections, fatbin_code
 except ImportError:  # run as a script from a folder holding the modules above too (the [aot] step)
     import compile_resume
     import kernel_cache
     import kernel_inputs
     import kernels_moe
+    import kernels_triton
     from waste import elf_sections, fatbin_code
 
 MANIFEST_VERSION = 1
@@ -452,17 +453,23 @@ def build(spec: dict, manifest_path: str) -> tuple:
         namespace = kernel_cache.sglang_namespace(build_wide)
         found, sglang_compiled, sglang_seconds = build_sglang(spec, cache, jobs, namespace)
         artifacts, compiled, seconds = artifacts + found, compiled + sglang_compiled, seconds + sglang_seconds
+    triton, triton_seconds = None, 0.0
+    if spec["sglang"]:  # the Triton kernels SGLang's forward launches, compiled for each target into Triton's cache
+        started = time.monotonic()
+        triton = kernels_triton.seed(spec)
+        triton_seconds = round(time.monotonic() - started, 1)
     manifest = {"manifest_version": MANIFEST_VERSION, "archs": spec["archs"], "shapes": spec["shapes"],
                 "deep_gemm": spec["deep_gemm"], "versions": _versions(),
                 "nvcc_version": build_wide["nvcc"],
                 "link_stub": stub, "flashinfer_aot_dir": str(flashinfer_env.FLASHINFER_AOT_DIR),
                 "sglang_jit_cache_dir": sglang_cache_dir() if spec["sglang"] else None,
-                "sglang_cache_namespace": namespace, "artifacts": artifacts}
+                "sglang_cache_namespace": namespace, "artifacts": artifacts, "triton": triton}
     _write_json(manifest_path, manifest)
     stats = {"compiled": compiled, "reused": len(artifacts) - compiled, "seconds": round(seconds, 1), "jobs": jobs,
              "cache": cache.root, "peak_compile_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024,
              "cache_after": cache.trim(kernel_cache.bound()), "compile_times": times,
-             "resumed_objects": resumed, "rejected": cache.rejected}
+             "resumed_objects": resumed, "rejected": cache.rejected,
+             "triton": {"kernels": len(triton["kernels"]), "seconds": triton_seconds} if triton else None}
     return manifest, stats
 
 
@@ -588,18 +595,25 @@ def prove(spec: dict, manifest: dict) -> dict:
             # equal a declared shape's (64 x 2 bytes = 128 x 1 byte), so it is no control.
             "undeclared": [o for o in control_outcome if o[1] == "rope"]}
         result["sglang"]["first_use"] = first_use_triton()
+    if manifest.get("triton"):  # each seeded Triton kernel launched again for its target: a hit, or a compile
+        result["triton"] = kernels_triton.prove(spec, manifest["triton"])
     return result
 
 
 # The modules a forward on SGLang's FlashInfer backend runs through that import Triton kernels (SGLang 0.5.23:
-# flashinfer_backend.py:27-85, forward_batch_info.py:39-40; read 2026-12-04). No artifact says which kernels a
-# forward launches; these are where the kernel ops they import live.
-FORWARD_MODULES = ("sglang.srt.layers.attention.flashinfer_backend", "sglang.srt.model_executor.forward_batch_info")
+# flashinfer_backend.py:27-85, forward_batch_info.py:39-40; read 2026-12-04), and those an extend's set-up
+# launches them from: mem_cache/allocation.py:79-88 (write_req_to_token_pool_triton, from prepare_for_extend) and
+# mem_cache/kv_index_translator.py:600-610 (create_flashinfer_kv_indices_triton, an extend's int32 prefix lengths
+# where CUDA-graph capture passed int64; read 2026-12-06). No artifact says which kernels a forward launches;
+# these are where the kernel ops they import live.
+FORWARD_MODULES = ("sglang.srt.layers.attention.flashinfer_backend", "sglang.srt.model_executor.forward_batch_info",
+                   "sglang.srt.mem_cache.allocation", "sglang.srt.mem_cache.kv_index_translator")
 
 
 def first_use_triton(modules: tuple = FORWARD_MODULES) -> dict:
     """The Triton kernels (by name) of the sglang.kernels.ops modules the forward path imports: Triton compiles
-    each at its first launch with its own ptxas, and [aot] does not seed Triton's cache, so the proof lists them."""
+    each at its first launch with its own ptxas unless [aot] seeded it (kernels_triton.py), so the proof lists
+    them and says which the seed served."""
     import importlib
     found, read, errors = set(), [], []
     for name in modules:

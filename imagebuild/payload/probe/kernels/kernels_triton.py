@@ -1,0 +1,317 @@
+"""Triton's kernels on SGLang's forward path, compiled into the image's Triton cache without a GPU.
+
+Triton compiles a kernel at its first launch, with its own ptxas, and keeps it in TRITON_CACHE_DIR under a key
+made of Triton's own bytes (libtriton.so and its Python), the kernel's source, its argument specialization
+(dtypes, 16-byte alignment, ints equal to 1), the compile options and the GPU target; a later launch with the
+same key loads the cached cubin and compiles nothing (triton/compiler/compiler.py `compile`, 3.8). No part of
+that key needs a GPU but the target, so a stand-in driver (StubDriver) answers "a CUDA GPU of compute
+capability N" and launches nothing: SGLang's own wrapper runs on CPU tensors of the dtypes SGLang gives it,
+Triton specializes and compiles exactly as it would on that GPU, and writes the cache. The cache's group files
+name their files by absolute path, so the seed runs at the image's own TRITON_CACHE_DIR, after every layer
+that could change Triton's files.
+
+Which kernels a forward launches is read in SGLang's source (LAUNCHES, each with where it was read): no artifact
+says it. Whether each launch is served from the cache is asked of Triton itself, through its compilation
+listener (knobs.compilation.listener: cache_hit), in a process of its own.
+
+    python kernels_triton.py seed AOT_JSON     compile every launch of every shape for every [aot] arch
+    python kernels_triton.py prove AOT_JSON    the same launches, each must be a cache hit; an undeclared
+                                               target must miss
+
+Standard library only at import time; torch, triton and sglang are imported where they are used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    from .kernels_moe import arch_target
+except ImportError:  # run as a script from the [aot] step's folder
+    from kernels_moe import arch_target
+
+# A batch as SGLang's scheduler hands it over: three requests, the first with no cached prefix (ints that
+# are neither 1 nor multiples of 16 where Triton would specialize on them are not passed: these kernels take
+# tensors and constexprs only).
+PREFIX_LENS, EXTEND_LENS = (0, 5, 7), (3, 4, 1)
+
+
+def _compute_position(shape: dict) -> None:
+    """Extend batches' positions: ForwardBatch.init_new hands compute_position int32 tensors of the prefix and
+    extend lengths, one per request (SGLang 0.5.23 model_executor/forward_batch_info.py:1234-1255, :2378-2390),
+    and a FlashInfer backend takes the Triton path (support_triton)."""
+    import torch
+    from sglang.kernels.ops.attention.position import compute_position_triton
+    compute_position_triton(torch.tensor(PREFIX_LENS, dtype=torch.int32),
+                            torch.tensor(EXTEND_LENS, dtype=torch.int32), sum(EXTEND_LENS))
+
+
+# ReqToTokenPool's row width: the context length plus 4 (SGLang 0.5.23 mem_cache/kv_cache_configurator.py:884,
+# more with speculative decoding). Triton specializes an int on whether it is 1 or a multiple of 16 and on its
+# width, not on its value, so any context length that is a multiple of 16 gives this key; 131072 is Llama 3.1's.
+REQ_TO_TOKEN_WIDTH = 131072 + 4
+# Where the releases read keep the kernel: 0.5.23, then 0.5.22 (each imported by mem_cache/kv_index_translator.py).
+KV_INDICES_MODULES = ("sglang.kernels.ops.attention.kv_indices", "sglang.kernels.ops.kvcache.kv_indices")
+
+
+def _kv_indices(shape: dict) -> None:
+    """The KV index stream FlashInfer's paged wrappers plan over, gathered from the request-to-token table:
+    FlashInfer's indices updaters call the translator's pack_read_stream (flashinfer_backend.py:1801-1809 decode,
+    :2256-2264 prefill), whose pass-through read launches create_flashinfer_kv_indices_triton as written here
+    (mem_cache/kv_index_translator.py:600-610: the int32 table, int64 request rows, int32 indptr from offset 0, no
+    start offsets, an int32 output, the table's row stride, one token per entry, one block per request, no
+    mapping). The lengths are int64 seq_lens in CUDA-graph capture and at decode, int32 extend prefix lengths at
+    a prefill (forward_batch_info.py:1237): a server's first prefill compiled the int32 one (read 2026-12-06)."""
+    import importlib
+    import torch
+    kernel = None
+    for module in KV_INDICES_MODULES:
+        with contextlib.suppress(ModuleNotFoundError):
+            kernel = importlib.import_module(module).create_flashinfer_kv_indices_triton
+            break
+    if kernel is None:
+        raise ModuleNotFoundError(f"create_flashinfer_kv_indices_triton is in none of {', '.join(KV_INDICES_MODULES)}")
+    # keywords as the translator passes them, those this release's kernel takes (0.5.22 has no TOKEN_BLOCK_PARALLEL)
+    keywords = {k: v for k, v in {"ENTRY_PAGE_SIZE": 1, "TOKEN_BLOCK_PARALLEL": False, "token_mapping": None}.items()
+                if k in kernel.arg_names}
+    table = torch.zeros((4, REQ_TO_TOKEN_WIDTH), dtype=torch.int32)
+    rows = torch.tensor((1, 2, 3), dtype=torch.int64)
+    for lens_dtype in (torch.int64, torch.int32):
+        lens = torch.tensor(PREFIX_LENS, dtype=lens_dtype)
+        indptr = torch.zeros(len(PREFIX_LENS) + 1, dtype=torch.int32)
+        indptr[1:] = torch.cumsum(lens, 0)
+        out = torch.empty(int(indptr[-1]) or 1, dtype=torch.int32)
+        kernel[(len(PREFIX_LENS),)](table, rows, lens, indptr, None, out, table.stride(0), **keywords)
+
+
+# (name, call): the Triton launches a forward of a shape reaches on SGLang's FlashInfer backend.
+LAUNCHES = (("compute-position", _compute_position), ("kv-indices", _kv_indices))
+
+
+def launches(shape: dict) -> list:
+    return [(name, call) for name, call in LAUNCHES]
+
+
+class StubDriver:
+    """Triton's CUDA driver for a GPU that is not there: the target is `capability` (120 for sm_120), the
+    device 0 on stream 0; a compiled kernel is 'loaded' without a handle and its launch does nothing but say
+    which kernel it was (`launched`: name, key)."""
+
+    def __init__(self, capability: int):
+        from triton.backends.compiler import GPUTarget
+        self.target = GPUTarget("cuda", capability, 32)
+        self.utils = _StubUtils()
+        self.launched: list = []
+        launched = self.launched
+
+        class Launcher:
+            def __init__(self, src, metadata):
+                self.kernel = (str(getattr(metadata, "name", getattr(src, "name", "?"))),
+                               getattr(metadata, "hash", None))
+
+            def __call__(self, *args, **kwargs):
+                launched.append(self.kernel)
+
+        self.launcher_cls = Launcher
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def set_current_device(self, device):
+        return None
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_device_capability(self, device=None):
+        return divmod(self.target.arch, 10)
+
+    def get_active_torch_device(self):
+        import torch
+        return torch.device("cpu")
+
+    def map_python_to_cpp_type(self, ty: str) -> str:
+        from triton.backends.nvidia.driver import ty_to_cpp
+        return ty_to_cpp(ty)
+
+    @staticmethod
+    def is_active():
+        return True
+
+
+class _StubUtils:
+    def load_binary(self, name, kernel, shared, device):
+        return 0, 0, 0, 0, 1024  # module, function, registers, spills, max threads
+
+    def get_device_properties(self, device):
+        return {"max_shared_mem": 1 << 30, "multiprocessor_count": 1, "max_num_regs": 65536, "warpSize": 32}
+
+
+def compiling_for(capability: int) -> tuple:
+    """From now on, in this process, Triton answers for a GPU of `capability`: returns (the compiles it does or
+    finds in its cache, the kernels launched), lists that fill as it goes. For good: each JIT function keeps the
+    target it first saw, so one process serves one target (run_all spawns one per target)."""
+    from triton import knobs
+    from triton.runtime import driver
+    events: list = []
+
+    def listener(src, metadata, metadata_group, times, cache_hit):
+        events.append({"kernel": str(getattr(src, "name", "?")), "hash": metadata.get("hash"),
+                       "hit": bool(cache_hit), "target": capability})
+
+    if not hasattr(getattr(knobs, "compilation", None), "listener"):
+        raise RuntimeError("this Triton has no compilation listener (triton.knobs.compilation.listener): "
+                           "what it compiled cannot be seen")
+    knobs.compilation.listener = listener
+    stub = StubDriver(capability)
+    driver.set_active(stub)
+    return events, stub.launched
+
+
+def capabilities(archs: list) -> list:
+    """The Triton targets of the [aot] archs: `12.0f` and `12.0a` are compute capability 12.0, Triton's 120."""
+    return sorted({arch_target(arch)[0] for arch in archs})
+
+
+def run(shapes: list, capability: int) -> list:
+    """(in a process of its own) every launch of every shape for one target: [{shape, launch, target,
+    kernels: [event], seconds, error}]; a kernel two shapes share is listed once, by the first."""
+    events, launched = compiling_for(capability)
+    results, seen = [], set()
+    for shape in shapes:
+        for name, call in launches(shape):
+            del events[:], launched[:]
+            started = time.monotonic()
+            try:
+                call(shape)
+                error = None
+            except Exception as caught:  # a release without the wrapper, or Triton refusing it
+                error = f"{type(caught).__name__}: {caught}"[:600]
+            fresh = [dict(e) for e in events if (e["kernel"], e["hash"]) not in seen]
+            seen |= {(e["kernel"], e["hash"]) for e in events}
+            results.append({"shape": shape["name"], "launch": name, "target": capability, "kernels": fresh,
+                            "launched": sorted({kernel for kernel, _ in launched}),
+                            "seconds": round(time.monotonic() - started, 2), "error": error})
+    return results
+
+
+def run_all(shapes: list, targets: list, cache: str | None = None) -> list:
+    """run() for each target, each in a child process of this interpreter (with Triton's cache at `cache`)."""
+    results = []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    if cache:
+        env["TRITON_CACHE_DIR"] = cache
+    for capability in targets:
+        done = subprocess.run([*_self_command(), "run", json.dumps(shapes), str(capability)],
+                              capture_output=True, text=True, check=False, env=env)
+        answer = [line for line in done.stdout.splitlines() if line.startswith("[")][-1:]
+        if done.returncode != 0 or not answer:
+            results.append({"shape": "every shape", "launch": "every launch", "target": capability, "kernels": [],
+                            "launched": [], "seconds": 0.0,
+                            "error": f"no result for sm_{capability} (exit {done.returncode}): {done.stderr[-1500:]}"})
+            continue
+        results += json.loads(answer[0])
+    return results
+
+
+def _self_command() -> list:
+    """This module's main() in a new interpreter: from its package inside the probe's zipapp, else as the script."""
+    if __package__:
+        return [sys.executable, "-B", "-c", f"import sys; from {__package__}.kernels_triton import main; "
+                "sys.exit(main(sys.argv[1:]))"]
+    return [sys.executable, "-B", os.path.abspath(__file__)]
+
+
+def cache_dir() -> str:
+    from triton import knobs
+    return os.path.realpath(knobs.cache.dir)
+
+
+def seed(spec: dict) -> dict:
+    """Compile every launch into the image's cache; what the manifest keeps: each kernel's target, key and
+    files (sha256), nothing about this run."""
+    results = run_all(spec["shapes"], capabilities(spec["archs"]))
+    failed = [r for r in results if r["error"] or not r["launched"]]
+    if failed:
+        raise RuntimeError("Triton's kernels did not compile for the image's targets: " + "; ".join(
+            f"{r['shape']} {r['launch']} sm_{r['target']}: {r['error'] or 'launched no Triton kernel'}"
+            for r in failed))
+    root = cache_dir()
+    kernels = []
+    for result in results:
+        for event in result["kernels"]:
+            folder = _folder(root, event["hash"])
+            files = {name: _sha256(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
+            kernels.append({"kernel": event["kernel"], "launch": result["launch"], "shape": result["shape"],
+                            "target": event["target"], "hash": event["hash"], "folder": folder, "files": files})
+    return {"cache_dir": root, "kernels": kernels}
+
+
+def prove(spec: dict, seeded: dict) -> dict:
+    """The launches again, as a server's first request makes them: each kernel must come from the cache, at
+    the key the seed recorded; a target no arch declares must miss (the check can tell a hit from a compile)."""
+    results = run_all(spec["shapes"], capabilities(spec["archs"]))
+    control_target = next(n for n in (80, 90, 100, 120, 86) if n not in capabilities(spec["archs"]))
+    with tempfile.TemporaryDirectory(prefix="imagebuild-triton-control-") as scratch:
+        copy = os.path.join(scratch, "cache")  # the image's cache as it is; its compile lands in the copy
+        shutil.copytree(cache_dir(), copy, symlinks=True)
+        control = run_all(spec["shapes"][:1], [control_target], cache=copy)[0]
+    seeded_keys = {_label(k): k for k in seeded.get("kernels", [])}
+    served = [dict(e, launch=r["launch"], shape=r["shape"]) for r in results for e in r["kernels"]]
+    return {"cache_dir": cache_dir(), "served": served,
+            "errors": [f"{r['shape']} {r['launch']} sm_{r['target']}: {r['error']}" for r in results if r["error"]],
+            "unlaunched": sorted(set(seeded_keys) - {_label(e) for e in served}),
+            "rekeyed": sorted(_label(e) for e in served if _label(e) not in seeded_keys),
+            "control": {"launch": control["launch"], "target": control_target, "error": control["error"],
+                        "missed": bool(control["kernels"]) and not any(e["hit"] for e in control["kernels"]),
+                        "kernels": [e["kernel"] for e in control["kernels"]]}}
+
+
+def _label(kernel: dict) -> str:
+    """A compiled variant by name, target and key: `create_flashinfer_kv_indices_triton sm_120 498b5c7a1f2e`."""
+    return f"{kernel.get('kernel')} sm_{kernel.get('target')} {str(kernel.get('hash'))[:12]}"
+
+
+def _folder(root: str, key: str) -> str:
+    """Triton's cache folder for a kernel's key: the key's sha256 in base32 (runtime/cache.py FileCacheManager)."""
+    import base64
+    return os.path.join(root, base64.b32encode(bytes.fromhex(key)).decode().rstrip("="))
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def main(argv: list) -> int:
+    if len(argv) == 3 and argv[0] == "run":
+        print(json.dumps(run(json.loads(argv[1]), int(argv[2]))))
+        return 0
+    if len(argv) == 2 and argv[0] == "seed":
+        with open(argv[1], encoding="utf-8") as handle:
+            print(json.dumps(seed(json.load(handle))))
+        return 0
+    if len(argv) == 3 and argv[0] == "prove":
+        with open(argv[1], encoding="utf-8") as handle, open(argv[2], encoding="utf-8") as manifest:
+            print(json.dumps(prove(json.load(handle), json.load(manifest).get("triton") or {})))
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
