@@ -178,14 +178,44 @@ def test_an_sglang_without_the_op_fails_the_seed_naming_the_launch(pinned_python
     assert "llama-3.1-8b compute-position sm_120: ModuleNotFoundError" in done.stderr, done.stderr[-2000:]
 
 
+def test_the_ptxas_flashinfer_points_triton_at_is_in_the_key_and_the_seed_takes_it_as_a_server_does(
+        pinned_python, tmp_path):
+    """FlashInfer's flashinfer.triton sets TRITON_PTXAS_BLACKWELL_PATH at import (to PATH's CUDA 13 ptxas); a
+    server imports it, so the seed does. Here a stand-in flashinfer points Triton at a ptxas that says another
+    version: the seed's sm_120 keys are made with it, and a proof without that import compiles every kernel
+    again and names the ptxas it ran instead."""
+    sglang = sglang_source(tmp_path / "src", PINNED_SGLANG)
+    real = next(pinned_python.parent.parent.glob("lib/python3*/site-packages/triton/backends/nvidia/bin/ptxas-blackwell"))
+    wrapper = tmp_path / "ptxas-13"
+    wrapper.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then "{real}" --version; echo "a CUDA 13 toolkit\'s ptxas"; '
+                       f'exit 0; fi\nexec "{real}" "$@"\n')
+    wrapper.chmod(0o755)
+    (sglang / "flashinfer" / "triton").mkdir(parents=True)
+    (sglang / "flashinfer" / "__init__.py").write_text("")
+    (sglang / "flashinfer" / "triton" / "__init__.py").write_text(
+        f"import os\nos.environ.setdefault('TRITON_PTXAS_BLACKWELL_PATH', {str(wrapper)!r})\n")
+    spec = dict(SPEC, archs=["12.0f"])
+    manifest = seed(pinned_python, sglang, tmp_path, tmp_path / "cache", spec)
+    assert manifest["triton"]["ptxas"] == {"120": str(wrapper)}
+    shutil.rmtree(sglang / "flashinfer")
+    proved = run_step(pinned_python, sglang, tmp_path / "cache", "prove", str(tmp_path / "aot.json"),
+                      str(tmp_path / "manifest.json"))
+    proof = json.loads(proved.stdout)
+    assert proof["ptxas"] == {"120": str(real)} and not any(e["hit"] for e in proof["served"])
+    problems = zero_jit.triton_problems({"triton": proof}, manifest)
+    assert f"Triton runs {real} for sm_120 where the seed ran {wrapper}: the ptxas's version is in every key" in problems
+    assert any(p.startswith("Triton compiled at first use") for p in problems), problems
+
+
 # --- the verdict on recorded answers -------------------------------------------------------------------
 
-SEEDED = {"cache_dir": "/var/cache/triton", "kernels": [
+SEEDED = {"cache_dir": "/var/cache/triton", "ptxas": {"120": "/opt/venv/cu13/bin/ptxas"}, "kernels": [
     {"kernel": "compute_position_kernel", "target": 120, "hash": "aa", "folder": "/var/cache/triton/X", "files": {}}]}
 
 
 def triton_proof(**changes) -> dict:
     base = {"cache_dir": "/var/cache/triton", "errors": [], "unlaunched": [], "rekeyed": [],
+            "ptxas": {"120": "/opt/venv/cu13/bin/ptxas"},
             "served": [{"kernel": "compute_position_kernel", "target": 120, "hash": "aa", "hit": True,
                         "launch": "compute-position", "shape": "a"}],
             "control": {"launch": "compute-position", "target": 80, "error": None, "missed": True,
@@ -196,8 +226,8 @@ def triton_proof(**changes) -> dict:
 def test_a_clean_triton_proof_has_no_problem_and_the_pass_names_what_was_served():
     assert zero_jit.triton_problems({"triton": triton_proof()}, {"triton": SEEDED}) == []
     said = zero_jit.triton_said(triton_proof())
-    assert said == ("; 1 Triton kernel(s) of the forward served from Triton's cache (compute_position_kernel sm_120), "
-                    "an undeclared target missed (sm_80)")
+    assert said == ("; 1 Triton kernel variant(s) of the forward served from Triton's cache (compute_position_kernel "
+                    "sm_120) with /opt/venv/cu13/bin/ptxas, an undeclared target missed (sm_80)")
 
 
 @pytest.mark.parametrize("changes, says", [
@@ -209,6 +239,9 @@ def test_a_clean_triton_proof_has_no_problem_and_the_pass_names_what_was_served(
     ({"errors": ["a compute-position sm_120: ImportError: x"]}, "a Triton launch failed: a compute-position"),
     ({"control": {"target": 80, "missed": False, "kernels": ["compute_position_kernel"]}},
      "the undeclared Triton target sm_80 did not miss (launched compute_position_kernel)"),
+    ({"ptxas": {"120": "/triton/bin/ptxas-blackwell"}},
+     "Triton runs /triton/bin/ptxas-blackwell for sm_120 where the seed ran /opt/venv/cu13/bin/ptxas"),
+    ({"ptxas": None}, "Triton runs no ptxas for sm_120 where the seed ran /opt/venv/cu13/bin/ptxas"),
 ])
 def test_each_way_the_triton_proof_can_fail_fails(changes, says):
     problems = zero_jit.triton_problems({"triton": triton_proof(**changes)}, {"triton": SEEDED})

@@ -207,6 +207,9 @@ def check_zero_jit(engine, image: str, check: dict) -> None:
         ("compute_position_kernel", 120, True), ("create_flashinfer_kv_indices_triton", 120, True),
         ("create_flashinfer_kv_indices_triton", 120, True)]  # int64 lengths (capture, decode), int32 (prefill)
     assert triton["unlaunched"] == [] and triton["rekeyed"] == []
+    # made and served with the ptxas a server runs: the toolkit's, where FlashInfer's flashinfer.triton points Triton
+    toolkit_ptxas = "/opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin/ptxas"
+    assert manifest["triton"]["ptxas"] == triton["ptxas"] == {"120": toolkit_ptxas}
     assert triton["control"]["missed"] and manifest["triton"]["cache_dir"] == "/var/cache/triton"
     assert "compute_position_kernel sm_120" in check["detail"]
     still = check["detail"].partition("still compiled at first use")[2]

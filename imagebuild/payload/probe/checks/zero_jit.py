@@ -126,6 +126,12 @@ def triton_problems(proof: dict, manifest: dict) -> list:
         problems.append("seeded Triton kernels no launch reached: " + ", ".join(_strings(triton["unlaunched"])))
     if triton.get("rekeyed"):
         problems.append("Triton asked for other keys than the seed wrote: " + ", ".join(_strings(triton["rekeyed"])))
+    seeded_ptxas, ptxas = recorded.get("ptxas"), triton.get("ptxas")
+    if isinstance(seeded_ptxas, dict):
+        ran = ptxas if isinstance(ptxas, dict) else {}
+        problems += [f"Triton runs {ran.get(target) or 'no ptxas'} for sm_{target} where the seed ran {path}: "
+                     "the ptxas's version is in every key" for target, path in sorted(seeded_ptxas.items())
+                     if ran.get(target) != path]
     control = triton.get("control") if isinstance(triton.get("control"), dict) else {}
     if control.get("missed") is not True:
         seen = control.get("error") or "launched " + (", ".join(_strings(control.get("kernels"))) or "nothing")
@@ -336,13 +342,17 @@ def _verdict(proof: dict | None, status, errors: str, problems: list, nvcc_calls
 
 
 def triton_said(triton) -> str:
-    served = sorted({f"{e.get('kernel')} sm_{e.get('target')}" for e in _dicts((triton or {}).get("served"))}) \
+    served = [f"{e.get('kernel')} sm_{e.get('target')}" for e in _dicts((triton or {}).get("served"))] \
         if isinstance(triton, dict) else []
     if not served:
         return ""
+    named = ", ".join(name + (f" x{served.count(name)}" if served.count(name) > 1 else "")
+                      for name in sorted(set(served)))
     control = triton.get("control") if isinstance(triton.get("control"), dict) else {}
-    return (f"; {len(served)} Triton kernel(s) of the forward served from Triton's cache ({', '.join(served)}), "
-            f"an undeclared target missed (sm_{control.get('target')})")
+    ptxas = triton.get("ptxas") if isinstance(triton.get("ptxas"), dict) else {}
+    return (f"; {len(served)} Triton kernel variant(s) of the forward served from Triton's cache ({named})"
+            + (f" with {', '.join(sorted(set(map(str, ptxas.values()))))}" if ptxas else "")
+            + f", an undeclared target missed (sm_{control.get('target')})")
 
 
 def first_use_said(sglang, triton=None) -> str:

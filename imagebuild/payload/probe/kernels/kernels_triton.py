@@ -184,10 +184,32 @@ def capabilities(archs: list) -> list:
     return sorted({arch_target(arch)[0] for arch in archs})
 
 
+# What a server imports before its forward that decides Triton's key: FlashInfer's flashinfer.triton points
+# TRITON_PTXAS_BLACKWELL_PATH at the ptxas on PATH when it is CUDA 13 or newer (flashinfer/triton/__init__.py,
+# 0.7.1-0.7.4), which SGLang's FlashInfer backend imports; the ptxas's version is part of every sm_100+ key
+# (backends/nvidia/compiler.py CUDABackend.hash). Imported here as a server does, never inherited by chance.
+SERVER_IMPORTS = ("flashinfer.triton",)
+
+
+def ptxas_for(capability: int) -> str | None:
+    """The ptxas Triton runs for this target (its path), as Triton itself resolves it."""
+    import inspect
+    from triton.backends.nvidia import compiler
+    ask = compiler.get_ptxas
+    found = ask(capability) if inspect.signature(ask).parameters else ask()
+    path = getattr(found, "path", None) or (found[0] if isinstance(found, tuple) else found)
+    return str(path) if path else None
+
+
 def run(shapes: list, capability: int) -> list:
-    """(in a process of its own) every launch of every shape for one target: [{shape, launch, target,
+    """(in a process of its own) every launch of every shape for one target: [{shape, launch, target, ptxas,
     kernels: [event], seconds, error}]; a kernel two shapes share is listed once, by the first."""
+    import importlib.util
+    for module in SERVER_IMPORTS:
+        if importlib.util.find_spec(module.partition(".")[0]) is not None:
+            importlib.import_module(module)
     events, launched = compiling_for(capability)
+    ptxas = ptxas_for(capability)
     results, seen = [], set()
     for shape in shapes:
         for name, call in launches(shape):
@@ -200,7 +222,8 @@ def run(shapes: list, capability: int) -> list:
                 error = f"{type(caught).__name__}: {caught}"[:600]
             fresh = [dict(e) for e in events if (e["kernel"], e["hash"]) not in seen]
             seen |= {(e["kernel"], e["hash"]) for e in events}
-            results.append({"shape": shape["name"], "launch": name, "target": capability, "kernels": fresh,
+            results.append({"shape": shape["name"], "launch": name, "target": capability, "ptxas": ptxas,
+                            "kernels": fresh,
                             "launched": sorted({kernel for kernel, _ in launched}),
                             "seconds": round(time.monotonic() - started, 2), "error": error})
     return results
@@ -255,7 +278,12 @@ def seed(spec: dict) -> dict:
             files = {name: _sha256(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
             kernels.append({"kernel": event["kernel"], "launch": result["launch"], "shape": result["shape"],
                             "target": event["target"], "hash": event["hash"], "folder": folder, "files": files})
-    return {"cache_dir": root, "kernels": kernels}
+    return {"cache_dir": root, "kernels": kernels, "ptxas": _ptxas(results)}
+
+
+def _ptxas(results: list) -> dict:
+    """Target -> the ptxas Triton ran for it (part of the key)."""
+    return {str(r["target"]): r.get("ptxas") for r in results if r.get("ptxas")}
 
 
 def prove(spec: dict, seeded: dict) -> dict:
@@ -269,7 +297,7 @@ def prove(spec: dict, seeded: dict) -> dict:
         control = run_all(spec["shapes"][:1], [control_target], cache=copy)[0]
     seeded_keys = {_label(k): k for k in seeded.get("kernels", [])}
     served = [dict(e, launch=r["launch"], shape=r["shape"]) for r in results for e in r["kernels"]]
-    return {"cache_dir": cache_dir(), "served": served,
+    return {"cache_dir": cache_dir(), "served": served, "ptxas": _ptxas(results),
             "errors": [f"{r['shape']} {r['launch']} sm_{r['target']}: {r['error']}" for r in results if r["error"]],
             "unlaunched": sorted(set(seeded_keys) - {_label(e) for e in served}),
             "rekeyed": sorted(_label(e) for e in served if _label(e) not in seeded_keys),
