@@ -14,9 +14,10 @@ Which kernels a forward launches is read in SGLang's source (LAUNCHES, each with
 says it. Whether each launch is served from the cache is asked of Triton itself, through its compilation
 listener (knobs.compilation.listener: cache_hit), in a process of its own.
 
-    python kernels_triton.py seed AOT_JSON     compile every launch of every shape for every [aot] arch
-    python kernels_triton.py prove AOT_JSON    the same launches, each must be a cache hit; an undeclared
-                                               target must miss
+    python kernels_triton.py seed AOT_JSON              compile every launch of every shape for every [aot] arch
+    python kernels_triton.py prove AOT_JSON MANIFEST    the same launches, each must be a cache hit at a key the
+                                                        manifest's seed wrote; an undeclared target must miss
+    python kernels_triton.py run SHAPES_JSON CAPABILITY (internal) one target's launches, in a process of its own
 
 Standard library only at import time; torch, triton and sglang are imported where they are used.
 """
@@ -293,7 +294,8 @@ def prove(spec: dict, seeded: dict) -> dict:
     control_target = next(n for n in (80, 90, 100, 120, 86) if n not in capabilities(spec["archs"]))
     with tempfile.TemporaryDirectory(prefix="imagebuild-triton-control-") as scratch:
         copy = os.path.join(scratch, "cache")  # the image's cache as it is; its compile lands in the copy
-        shutil.copytree(cache_dir(), copy, symlinks=True)
+        if os.path.isdir(cache_dir()):
+            shutil.copytree(cache_dir(), copy, symlinks=True)
         control = run_all(spec["shapes"][:1], [control_target], cache=copy)[0]
     seeded_keys = {_label(k): k for k in seeded.get("kernels", [])}
     served = [dict(e, launch=r["launch"], shape=r["shape"]) for r in results for e in r["kernels"]]
