@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 
+from ..kernels.kernel_cache import sha256_file
 from ..kernels.kernels_aot import describe
 from ..gpus import sm_number
 from ..report import FAIL, PASS, SKIP, make_check
@@ -85,7 +86,7 @@ def triton_file_problems(triton) -> list:
             path = os.path.join(str(kernel.get("folder", "")), str(name))
             if not os.path.isfile(path):
                 problems.append(f"{label}: {path} is missing")
-            elif _sha256(path) != sha256:
+            elif sha256_file(path) != sha256:
                 problems.append(f"{label}: {path} is not the file the seed wrote")
     return problems
 
@@ -97,12 +98,6 @@ def _dicts(value) -> list:
 
 def _strings(value) -> list:
     return [str(item) for item in value] if isinstance(value, list) else [str(value)] if value else []
-
-
-def _sha256(path: str) -> str:
-    import hashlib
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
 
 
 def triton_problems(proof: dict, manifest: dict) -> list:

@@ -25,7 +25,6 @@ Standard library only at import time; torch, triton and sglang are imported wher
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -35,8 +34,10 @@ import tempfile
 import time
 
 try:
+    from .kernel_cache import sha256_file
     from .kernels_moe import arch_target
 except ImportError:  # run as a script from the [aot] step's folder
+    from kernel_cache import sha256_file
     from kernels_moe import arch_target
 
 # A batch as SGLang's scheduler hands it over: three requests, the first with no cached prefix (ints that
@@ -276,7 +277,7 @@ def seed(spec: dict) -> dict:
     for result in results:
         for event in result["kernels"]:
             folder = _folder(root, event["hash"])
-            files = {name: _sha256(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
+            files = {name: sha256_file(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
             kernels.append({"kernel": event["kernel"], "launch": result["launch"], "shape": result["shape"],
                             "target": event["target"], "hash": event["hash"], "folder": folder, "files": files})
     return {"cache_dir": root, "kernels": kernels, "ptxas": _ptxas(results)}
@@ -317,14 +318,6 @@ def _folder(root: str, key: str) -> str:
     """Triton's cache folder for a kernel's key: the key's sha256 in base32 (runtime/cache.py FileCacheManager)."""
     import base64
     return os.path.join(root, base64.b32encode(bytes.fromhex(key)).decode().rstrip("="))
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def main(argv: list) -> int:
