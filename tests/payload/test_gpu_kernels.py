@@ -148,6 +148,83 @@ def test_a_prebuilt_file_the_manifest_does_not_list_fails(manifest, tmp_path):
     assert "the manifest does not list" in verdict(found, manifest)["detail"]
 
 
+# What gpu_launch.triton_launches printed on an H100 (Triton 3.6.0, torch 2.11.0+cu130; 2026-12-06) from a cache
+# kernels_triton.seed wrote there under StubDriver for 9.0a, and from an empty cache (the control); keys as the
+# run reported them, cut to 12 hex digits.
+H100_SEEDED = [
+    {"shape": "llama-3.1-8b", "call": "triton compute-position", "first_s": 1.395, "ms": 0.1219, "relative_error": 0.0,
+     "entries_wrong": 0, "entries": 607, "loaded": [], "triton": [
+         {"kernel": "compute_position_kernel", "hash": "2602201a941f", "hit": True}]},
+    {"shape": "llama-3.1-8b", "call": "triton kv-indices", "first_s": 0.262, "ms": 3.7399, "relative_error": 0.0,
+     "entries_wrong": 0, "entries": 1410, "loaded": [], "triton": [
+         {"kernel": "create_flashinfer_kv_indices_triton", "hash": "010bc80457a5", "hit": True},
+         {"kernel": "create_flashinfer_kv_indices_triton", "hash": "24e6328df4a6", "hit": True}]}]
+H100_SEED = {"kernels": [{"kernel": e["kernel"], "target": 90, "hash": e["hash"]}
+                         for entry in H100_SEEDED for e in entry["triton"]]}
+
+
+def seeded(manifest, launches=None) -> tuple:
+    """The miniature answer plus the H100's Triton launches, and a manifest that lists the H100 seed."""
+    found = answer(manifest)
+    found["launches"] += json.loads(json.dumps(H100_SEEDED if launches is None else launches))
+    return found, dict(manifest, triton=H100_SEED)
+
+
+def test_triton_kernels_served_from_the_seeded_cache_pass_and_are_named(manifest):
+    found, with_seed = seeded(manifest)
+    check = verdict(found, with_seed)
+    assert check["status"] == "pass", check["detail"]
+    assert "Triton served 2 seeded kernel(s) from the image's cache (compute_position_kernel, " \
+           "create_flashinfer_kv_indices_triton)" in check["detail"]
+
+
+def test_a_triton_kernel_compiled_on_the_gpu_fails_naming_it(manifest):
+    found, with_seed = seeded(manifest)
+    for entry in found["launches"][-2:]:  # the H100's control: the same launches from an empty cache
+        for event in entry["triton"]:
+            event["hit"] = False
+    check = verdict(found, with_seed)
+    assert check["status"] == "fail"
+    assert "Triton compiled on this GPU what the image's cache did not serve: compute_position_kernel " \
+           "(triton compute-position), create_flashinfer_kv_indices_triton (triton kv-indices)" in check["detail"]
+    assert "seeded for sm_90 but not served from the cache here: compute_position_kernel 2602201a941f" in check["detail"]
+
+
+def test_a_seeded_variant_no_launch_reached_fails(manifest):
+    found, with_seed = seeded(manifest)
+    found["launches"][-1]["triton"].pop()  # the int32-lengths variant never asked for
+    check = verdict(found, with_seed)
+    assert check["status"] == "fail" and "not served from the cache here: create_flashinfer_kv_indices_triton " \
+                                         "24e6328df4a6" in check["detail"]
+
+
+def test_a_wrong_index_fails_whatever_the_tolerance(manifest):
+    found, with_seed = seeded(manifest)
+    found["launches"][-1].update(relative_error=1.0, entries_wrong=1)
+    assert "triton kv-indices: relative error 1 over" in verdict(found, with_seed)["detail"]
+
+
+def test_a_seeded_cache_with_no_triton_launch_fails(manifest):
+    found, with_seed = seeded(manifest, launches=[])
+    check = verdict(found, with_seed)
+    assert check["status"] == "fail" and "seeds Triton's cache but no Triton launch ran" in check["detail"]
+
+
+def test_a_seed_for_another_target_is_not_this_gpus(manifest):
+    found, with_seed = seeded(manifest)
+    with_seed["triton"] = {"kernels": [dict(k, target=120) for k in H100_SEED["kernels"]]}
+    assert verdict(found, with_seed)["status"] == "pass"  # nothing seeded for sm_90, and nothing compiled
+    assert [gpu_kernels.triton_target(c) for c in ("9.0", "12.0", "10.3", "x", None, "9.")] == [90, 120, 103, None, None, 90]
+
+
+@settings(max_examples=200)
+@given(launches=json_values, seed=json_values, capability=json_values)
+def test_any_triton_answer_or_seed_gets_problems_not_a_traceback(launches, seed, capability):
+    problems = gpu_kernels.triton_problems(launches if isinstance(launches, list) else [], {"triton": seed},
+                                           capability)
+    assert isinstance(problems, list) and all(isinstance(problem, str) for problem in problems)
+
+
 def test_an_empty_manifest_is_no_pass(manifest):
     assert verdict(answer(manifest), {"artifacts": []})["status"] == "fail"
 

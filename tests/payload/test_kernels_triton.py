@@ -223,6 +223,30 @@ def triton_proof(**changes) -> dict:
     return dict(base, **changes)
 
 
+EXACT = """
+import json, sys, torch
+from imagebuild.payload.probe.checks.gpu_launch import _exact
+from imagebuild.payload.probe.kernels import kernels_triton
+positions = torch.arange(607)
+off_by_one = positions.clone()
+off_by_one[300] += 1
+print(json.dumps([_exact([(positions, positions.clone())]), _exact([(off_by_one, positions)]),
+                  _exact([(positions[:-1], positions)]), _exact([(positions.int(), positions)])]))
+"""
+
+
+def test_a_gpu_s_integer_answer_must_match_torch_s_entry_for_entry(pinned_python):
+    """gpu_launch compares the Triton launches' (and clamp_position's) integer results exactly: one entry off or
+    one missing is a wrong launch, whatever the float tolerance; int32 against int64 is the same answer."""
+    done = subprocess.run([str(pinned_python), "-B", "-c", EXACT], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    right, one_off, short, narrower = json.loads(done.stdout)
+    assert right == {"relative_error": 0.0, "entries_wrong": 0, "entries": 607} == narrower
+    assert one_off == {"relative_error": 1.0, "entries_wrong": 1, "entries": 607}
+    assert short["relative_error"] == 1.0 and short["entries_wrong"] == 607
+
+
 def test_a_clean_triton_proof_has_no_problem_and_the_pass_names_what_was_served():
     assert zero_jit.triton_problems({"triton": triton_proof()}, {"triton": SEEDED}) == []
     said = zero_jit.triton_said(triton_proof())

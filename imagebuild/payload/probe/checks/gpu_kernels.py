@@ -4,7 +4,8 @@ With [aot]: every kernel of the manifest is launched through the library's own p
 child with FLASHINFER_DISABLE_JIT=1, SGLANG_CRASH_ON_JIT_COMPILE=1 and nvcc hidden) against a float32 torch
 reference. It fails when the GPU's arch is not one [aot].archs runs on, when a launch fails or is over tolerance,
 when a manifest kernel was never launched, when the child exits non-zero or answers nothing, and when nvcc was
-asked to compile. deep_gemm: its FP8 and bf16 GEMMs where the image keeps its JIT (first-call seconds are its
+asked to compile; where [aot] seeded Triton's cache, when a seeded kernel for this GPU was compiled rather than
+served from it. deep_gemm: its FP8 and bf16 GEMMs where the image keeps its JIT (first-call seconds are its
 compile), proof that SGLang sees it off where [aot] disables it.
 Without [aot]: FlashInfer's rmsnorm and deep_gemm's bf16 GEMM, compiled on the spot by JIT, and the check says so.
 Never run on the machines imagebuild is developed on, which have no GPU; the verdict is tested on recorded answers.
@@ -87,6 +88,7 @@ def kernels_verdict(answer, status, errors: str, manifest: dict, spec: dict, nvc
         elif error > TOLERANCE:
             problems.append(f"{where}: relative error {error:.3g} over {TOLERANCE}")
     problems.extend(coverage_problems(launches, manifest))
+    problems.extend(triton_problems(launches, manifest, answer.get("capability")))
     problems.extend(deep_gemm_problems(answer.get("deep_gemm"), spec, launches))
     if nvcc_calls:
         problems.append(f"nvcc was asked to compile {len(nvcc_calls)} time(s)")
@@ -98,8 +100,8 @@ def kernels_verdict(answer, status, errors: str, manifest: dict, spec: dict, nvc
     return make_check(NAME, PASS, (
         f"on {where}: {len(launches)} launches through FlashInfer's wrappers and SGLang's ops with JIT off and nvcc "
         f"hidden ran all {len(kernels)} prebuilt kernels of the manifest; worst relative error "
-        f"{worst['relative_error']:.2g} ({worst.get('shape')} {worst.get('call')}); {_deep_gemm_said(answer.get('deep_gemm'))}"),
-        **evidence)
+        f"{worst['relative_error']:.2g} ({worst.get('shape')} {worst.get('call')}); {_triton_said(launches)}"
+        f"{_deep_gemm_said(answer.get('deep_gemm'))}"), **evidence)
 
 
 def coverage_problems(launches: list, manifest: dict) -> list:
@@ -120,6 +122,48 @@ def coverage_problems(launches: list, manifest: dict) -> list:
     if unlisted:
         problems.append("launched prebuilt files the manifest does not list: " + ", ".join(unlisted))
     return problems
+
+
+def _triton_events(launches: list) -> list:
+    """(launch, event) for each compile or cache hit Triton's listener recorded during a Triton launch."""
+    return [(entry, event) for entry in launches if isinstance(entry, dict) and str(entry.get("call", "")).startswith("triton ")
+            for event in _list(entry.get("triton")) if isinstance(event, dict)]
+
+
+def triton_target(capability) -> int | None:
+    """Triton's target number for a compute capability: "9.0" -> 90, "12.0" -> 120."""
+    major, _, minor = str(capability).partition(".")
+    return int(major) * 10 + int(minor or 0) if major.isdigit() and (minor or "0").isdigit() else None
+
+
+def triton_problems(launches: list, manifest: dict, capability) -> list:
+    """With a seeded Triton cache: every kernel the seed wrote for this GPU's target was served from it (Triton's
+    own listener said cache hit, at the seeded key) and nothing was compiled here."""
+    seeded = manifest.get("triton")
+    if not isinstance(seeded, dict):
+        return []
+    launches = [entry for entry in _list(launches) if isinstance(entry, dict)]
+    target = triton_target(capability)
+    keys = {k.get("hash"): k for k in _list(seeded.get("kernels")) if isinstance(k, dict) and k.get("target") == target}
+    if not any(str(entry.get("call", "")).startswith("triton ") for entry in launches):
+        return ["the image seeds Triton's cache but no Triton launch ran"]
+    events = _triton_events(launches)
+    problems = []
+    compiled = sorted({f"{event.get('kernel')} ({entry.get('call')})" for entry, event in events if not event.get("hit")})
+    if compiled:
+        problems.append("Triton compiled on this GPU what the image's cache did not serve: " + ", ".join(compiled))
+    served = {event.get("hash") for _, event in events if event.get("hit")}
+    never = sorted(f"{k.get('kernel')} {str(key)[:12]}" for key, k in keys.items() if key not in served)
+    if never:
+        problems.append(f"seeded for sm_{target} but not served from the cache here: " + ", ".join(never))
+    return problems
+
+
+def _triton_said(launches: list) -> str:
+    hits = sorted({f"{event.get('kernel')}" for _, event in _triton_events(launches) if event.get("hit")})
+    if not hits:
+        return ""
+    return f"Triton served {len(hits)} seeded kernel(s) from the image's cache ({', '.join(hits)}); "
 
 
 def deep_gemm_problems(state, spec: dict, launches: list) -> list:

@@ -4,8 +4,9 @@ Runs on the image's interpreter (or any with the image's packages on its path) w
 SGLANG_CRASH_ON_JIT_COMPILE=1 and nvcc hidden, so a kernel that is not prebuilt fails its launch instead of
 compiling. Each launch goes through the library's own public call, as SGLang 0.5.23 makes it: FlashInfer's
 ragged and paged prefill and paged decode wrappers (plan, then run; page size 1, scattered pages), its
-cascade merge and top-k/top-p sampling, and SGLang's own ops for its cached kernels. Every result is compared
-with a float32 torch reference. Which prebuilt files a launch loaded is read from /proc/self/maps before and
+cascade merge and top-k/top-p sampling, SGLang's own ops for its cached kernels, and SGLang's Triton launches
+the [aot] step seeded into Triton's cache (Triton's own listener says whether each came from that cache). Every
+result is compared with a float32 torch reference (integer results must match exactly). Which prebuilt files a launch loaded is read from /proc/self/maps before and
 after it, so nothing here names a module: the verdict (gpu_kernels.py) matches them to the manifest.
 
     python gpu_launch.py AOT_JSON MANIFEST   prints one JSON answer
@@ -19,9 +20,10 @@ import sys
 import time
 
 try:
-    from ..kernels import kernels_aot
+    from ..kernels import kernels_aot, kernels_triton
 except ImportError:  # run as a script beside kernels_aot.py
     import kernels_aot
+    import kernels_triton
 
 REPEATS = 3  # warm runs timed after the first launch; the median is reported
 
@@ -292,8 +294,18 @@ def _clamp_position(device):
     from sglang.kernels.ops.attention.clamp_position import clamp_position_cuda
     seq_lens = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randint(1, 40960, (63,))]).to(device)
     out = clamp_position_cuda(seq_lens)
-    wrong = int((out.cpu() != torch.clamp(seq_lens.cpu() - 1, min=0)).sum())
-    return {"relative_error": wrong / seq_lens.numel()}, lambda: clamp_position_cuda(seq_lens)
+    return _exact([(out, torch.clamp(seq_lens.cpu() - 1, min=0))]), lambda: clamp_position_cuda(seq_lens)
+
+
+def _exact(pairs: list) -> dict:
+    """Integer results (positions, indices) against torch's: one entry off, or a result of the wrong length,
+    makes the launch wrong (relative error 1), so no tolerance lets a wrong index through."""
+    wrong = 0
+    for got, want in pairs:
+        got, want = got.cpu().long().flatten(), want.cpu().long().flatten()
+        wrong += int((got != want).sum()) if got.numel() == want.numel() else max(got.numel(), want.numel())
+    return {"relative_error": 1.0 if wrong else 0.0, "entries_wrong": wrong,
+            "entries": sum(want.numel() for _, want in pairs)}
 
 
 def _silu_and_mul(dtype, device):
@@ -374,6 +386,27 @@ def _store_cache(shape, tp, device):
             lambda: store_cache(k, v, k_cache, v_cache, indices))
 
 
+# --- Triton's kernels, where the [aot] step seeded its cache -------------------------------------------
+
+def triton_launches(shape: dict, launches: Launches) -> None:
+    """SGLang's Triton launches (kernels_triton.LAUNCHES) on this GPU, each result against torch's; Triton's own
+    listener records, per launch, every kernel it compiled or found in its cache (the verdict wants each kernel
+    the seed wrote for this GPU's target served from the cache, none compiled)."""
+    events: list = []
+    kernels_triton.import_as_server()  # what a server imports before its forward decides the ptxas, so the key
+    kernels_triton.listen(events)
+    for name, call in kernels_triton.launches(shape):
+        launches.run(shape["name"], f"triton {name}", lambda call=call: _triton(call, shape, events))
+
+
+def _triton(call, shape: dict, events: list):
+    del events[:]
+    answers = call(shape, "cuda")
+    metrics = _exact([(got, want) for _, got, want in answers])
+    metrics["triton"] = [dict(event) for event in events]
+    return metrics, lambda: call(shape, "cuda")
+
+
 # --- deep_gemm, where the image keeps its JIT -----------------------------------------------------
 
 def deep_gemm_launches(mode: str, launches: Launches) -> dict:
@@ -437,6 +470,8 @@ def launch_all(spec: dict, manifest: dict) -> dict:
         flashinfer_launches(shape, capability, launches)
         if spec.get("sglang"):
             sglang_launches(shape, launches)
+        if manifest.get("triton"):
+            triton_launches(shape, launches)
     answer["deep_gemm"] = deep_gemm_launches(spec.get("deep_gemm", "jit"), launches)
     answer["launches"] = launches.results
     answer["mapped"] = sorted(launches.mapped())

@@ -40,20 +40,24 @@ except ImportError:  # run as a script from the [aot] step's folder
     from kernel_cache import sha256_file
     from kernels_moe import arch_target
 
-# A batch as SGLang's scheduler hands it over: three requests, the first with no cached prefix (ints that
-# are neither 1 nor multiples of 16 where Triton would specialize on them are not passed: these kernels take
-# tensors and constexprs only).
-PREFIX_LENS, EXTEND_LENS = (0, 5, 7), (3, 4, 1)
+# A batch as SGLang's scheduler hands it over: three requests, the first with no cached prefix, one longer than
+# the kernels' 512-wide blocks (a GPU's answer then covers their loops). The values are data to Triton, not part
+# of any key: these kernels take tensors and constexprs, and the one int (the table's row stride) is fixed below.
+PREFIX_LENS, EXTEND_LENS = (0, 5, 700), (3, 600, 1)
 
 
-def _compute_position(shape: dict) -> None:
+def _compute_position(shape: dict, device: str = "cpu") -> list:
     """Extend batches' positions: ForwardBatch.init_new hands compute_position int32 tensors of the prefix and
     extend lengths, one per request (SGLang 0.5.23 model_executor/forward_batch_info.py:1234-1255, :2378-2390),
-    and a FlashInfer backend takes the Triton path (support_triton)."""
+    and a FlashInfer backend takes the Triton path (support_triton). Returns [(what, got, torch's answer)]."""
     import torch
     from sglang.kernels.ops.attention.position import compute_position_triton
-    compute_position_triton(torch.tensor(PREFIX_LENS, dtype=torch.int32),
-                            torch.tensor(EXTEND_LENS, dtype=torch.int32), sum(EXTEND_LENS))
+    positions, starts = compute_position_triton(torch.tensor(PREFIX_LENS, dtype=torch.int32, device=device),
+                                                torch.tensor(EXTEND_LENS, dtype=torch.int32, device=device),
+                                                sum(EXTEND_LENS))
+    want_positions = torch.cat([torch.arange(p, p + e) for p, e in zip(PREFIX_LENS, EXTEND_LENS)])
+    want_starts = torch.tensor([sum(EXTEND_LENS[:i]) for i in range(len(EXTEND_LENS))], dtype=torch.int32)
+    return [("positions", positions, want_positions), ("extend_start_loc", starts, want_starts)]
 
 
 # ReqToTokenPool's row width: the context length plus 4 (SGLang 0.5.23 mem_cache/kv_cache_configurator.py:884,
@@ -64,14 +68,15 @@ REQ_TO_TOKEN_WIDTH = 131072 + 4
 KV_INDICES_MODULES = ("sglang.kernels.ops.attention.kv_indices", "sglang.kernels.ops.kvcache.kv_indices")
 
 
-def _kv_indices(shape: dict) -> None:
+def _kv_indices(shape: dict, device: str = "cpu") -> list:
     """The KV index stream FlashInfer's paged wrappers plan over, gathered from the request-to-token table:
     FlashInfer's indices updaters call the translator's pack_read_stream (flashinfer_backend.py:1801-1809 decode,
     :2256-2264 prefill), whose pass-through read launches create_flashinfer_kv_indices_triton as written here
     (mem_cache/kv_index_translator.py:600-610: the int32 table, int64 request rows, int32 indptr from offset 0, no
     start offsets, an int32 output, the table's row stride, one token per entry, one block per request, no
     mapping). The lengths are int64 seq_lens in CUDA-graph capture and at decode, int32 extend prefix lengths at
-    a prefill (forward_batch_info.py:1237): a server's first prefill compiled the int32 one (read 2026-12-06)."""
+    a prefill (forward_batch_info.py:1237): a server's first prefill compiled the int32 one (read 2026-12-06).
+    Returns [(what, got, torch's answer)]."""
     import importlib
     import torch
     kernel = None
@@ -84,17 +89,25 @@ def _kv_indices(shape: dict) -> None:
     # keywords as the translator passes them, those this release's kernel takes (0.5.22 has no TOKEN_BLOCK_PARALLEL)
     keywords = {k: v for k, v in {"ENTRY_PAGE_SIZE": 1, "TOKEN_BLOCK_PARALLEL": False, "token_mapping": None}.items()
                 if k in kernel.arg_names}
-    table = torch.zeros((4, REQ_TO_TOKEN_WIDTH), dtype=torch.int32)
+    generator = torch.Generator().manual_seed(0)
+    table = torch.randint(0, 1 << 30, (4, REQ_TO_TOKEN_WIDTH), dtype=torch.int32, generator=generator)
     rows = torch.tensor((1, 2, 3), dtype=torch.int64)
+    answers = []
     for lens_dtype in (torch.int64, torch.int32):
         lens = torch.tensor(PREFIX_LENS, dtype=lens_dtype)
         indptr = torch.zeros(len(PREFIX_LENS) + 1, dtype=torch.int32)
         indptr[1:] = torch.cumsum(lens, 0)
-        out = torch.empty(int(indptr[-1]) or 1, dtype=torch.int32)
-        kernel[(len(PREFIX_LENS),)](table, rows, lens, indptr, None, out, table.stride(0), **keywords)
+        out = torch.empty(int(indptr[-1]) or 1, dtype=torch.int32, device=device)
+        on = [tensor.to(device) for tensor in (table, rows, lens, indptr)]
+        kernel[(len(PREFIX_LENS),)](on[0], on[1], on[2], on[3], None, out, table.stride(0), **keywords)
+        want = torch.cat([table[row, :length] for row, length in zip(rows.tolist(), PREFIX_LENS)])
+        answers.append((f"kv indices ({str(lens_dtype).rpartition('.')[2]} lengths)", out[:len(want)], want))
+    return answers
 
 
-# (name, call): the Triton launches a forward of a shape reaches on SGLang's FlashInfer backend.
+# (name, call): the Triton launches a forward of a shape reaches on SGLang's FlashInfer backend; call(shape,
+# device) launches on that device's tensors and returns [(what, got, torch's answer)] (under StubDriver nothing
+# runs and the answers are left unread; gpu_launch.py compares them on a GPU).
 LAUNCHES = (("compute-position", _compute_position), ("kv-indices", _kv_indices))
 
 
@@ -164,18 +177,9 @@ def compiling_for(capability: int) -> tuple:
     """From now on, in this process, Triton answers for a GPU of `capability`: returns (the compiles it does or
     finds in its cache, the kernels launched), lists that fill as it goes. For good: each JIT function keeps the
     target it first saw, so one process serves one target (run_all spawns one per target)."""
-    from triton import knobs
     from triton.runtime import driver
     events: list = []
-
-    def listener(src, metadata, metadata_group, times, cache_hit):
-        events.append({"kernel": str(getattr(src, "name", "?")), "hash": metadata.get("hash"),
-                       "hit": bool(cache_hit), "target": capability})
-
-    if not hasattr(getattr(knobs, "compilation", None), "listener"):
-        raise RuntimeError("this Triton has no compilation listener (triton.knobs.compilation.listener): "
-                           "what it compiled cannot be seen")
-    knobs.compilation.listener = listener
+    listen(events)
     stub = StubDriver(capability)
     driver.set_active(stub)
     return events, stub.launched
@@ -193,6 +197,28 @@ def capabilities(archs: list) -> list:
 SERVER_IMPORTS = ("flashinfer.triton",)
 
 
+def import_as_server() -> None:
+    """SERVER_IMPORTS, those whose package is installed."""
+    import importlib
+    import importlib.util
+    for module in SERVER_IMPORTS:
+        if importlib.util.find_spec(module.partition(".")[0]) is not None:
+            importlib.import_module(module)
+
+
+def listen(events: list) -> None:
+    """Triton's compilation listener appends {kernel, hash, hit} to events for every compile or cache hit."""
+    from triton import knobs
+    if not hasattr(getattr(knobs, "compilation", None), "listener"):
+        raise RuntimeError("this Triton has no compilation listener (triton.knobs.compilation.listener): "
+                           "what it compiled cannot be seen")
+
+    def listener(src, metadata, metadata_group, times, cache_hit):
+        events.append({"kernel": str(getattr(src, "name", "?")), "hash": metadata.get("hash"), "hit": bool(cache_hit)})
+
+    knobs.compilation.listener = listener
+
+
 def ptxas_for(capability: int) -> str | None:
     """The ptxas Triton runs for this target (its path), as Triton itself resolves it."""
     import inspect
@@ -206,10 +232,7 @@ def ptxas_for(capability: int) -> str | None:
 def run(shapes: list, capability: int) -> list:
     """(in a process of its own) every launch of every shape for one target: [{shape, launch, target, ptxas,
     kernels: [event], seconds, error}]; a kernel two shapes share is listed once, by the first."""
-    import importlib.util
-    for module in SERVER_IMPORTS:
-        if importlib.util.find_spec(module.partition(".")[0]) is not None:
-            importlib.import_module(module)
+    import_as_server()
     events, launched = compiling_for(capability)
     ptxas = ptxas_for(capability)
     results, seen = [], set()
@@ -222,7 +245,7 @@ def run(shapes: list, capability: int) -> list:
                 error = None
             except Exception as caught:  # a release without the wrapper, or Triton refusing it
                 error = f"{type(caught).__name__}: {caught}"[:600]
-            fresh = [dict(e) for e in events if (e["kernel"], e["hash"]) not in seen]
+            fresh = [dict(e, target=capability) for e in events if (e["kernel"], e["hash"]) not in seen]
             seen |= {(e["kernel"], e["hash"]) for e in events}
             results.append({"shape": shape["name"], "launch": name, "target": capability, "ptxas": ptxas,
                             "kernels": fresh,
