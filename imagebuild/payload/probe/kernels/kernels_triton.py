@@ -255,22 +255,29 @@ def run(shapes: list, capability: int) -> list:
 
 
 def run_all(shapes: list, targets: list, cache: str | None = None) -> list:
-    """run() for each target, each in a child process of this interpreter (with Triton's cache at `cache`)."""
-    results = []
+    """run() for each target, each in a child process of this interpreter (with Triton's cache at `cache`),
+    the children at once."""
+    children = [(capability, start(shapes, capability, cache)) for capability in targets]
+    return [result for capability, child in children for result in finish(child, capability)]
+
+
+def start(shapes: list, capability: int, cache: str | None = None) -> subprocess.Popen:
+    """run(shapes, capability) in a child of this interpreter, started and not waited for (finish() waits)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     if cache:
         env["TRITON_CACHE_DIR"] = cache
-    for capability in targets:
-        done = subprocess.run([*_self_command(), "run", json.dumps(shapes), str(capability)],
-                              capture_output=True, text=True, check=False, env=env)
-        answer = [line for line in done.stdout.splitlines() if line.startswith("[")][-1:]
-        if done.returncode != 0 or not answer:
-            results.append({"shape": "every shape", "launch": "every launch", "target": capability, "kernels": [],
-                            "launched": [], "seconds": 0.0,
-                            "error": f"no result for sm_{capability} (exit {done.returncode}): {done.stderr[-1500:]}"})
-            continue
-        results += json.loads(answer[0])
-    return results
+    return subprocess.Popen([*_self_command(), "run", json.dumps(shapes), str(capability)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish(child: subprocess.Popen, capability: int) -> list:
+    """A started child's results, or one failed result saying why there are none."""
+    stdout, stderr = child.communicate()
+    answer = [line for line in stdout.splitlines() if line.startswith("[")][-1:]
+    if child.returncode != 0 or not answer:
+        return [{"shape": "every shape", "launch": "every launch", "target": capability, "kernels": [], "launched": [],
+                 "seconds": 0.0, "error": f"no result for sm_{capability} (exit {child.returncode}): {stderr[-1500:]}"}]
+    return json.loads(answer[0])
 
 
 def _self_command() -> list:
@@ -314,13 +321,14 @@ def _ptxas(results: list) -> dict:
 def prove(spec: dict, seeded: dict) -> dict:
     """The launches again, as a server's first request makes them: each kernel must come from the cache, at
     the key the seed recorded; a target no arch declares must miss (the check can tell a hit from a compile)."""
-    results = run_all(spec["shapes"], capabilities(spec["archs"]))
     control_target = next(n for n in (80, 90, 100, 120, 86) if n not in capabilities(spec["archs"]))
     with tempfile.TemporaryDirectory(prefix="imagebuild-triton-control-") as scratch:
         copy = os.path.join(scratch, "cache")  # the image's cache as it is; its compile lands in the copy
         if os.path.isdir(cache_dir()):
             shutil.copytree(cache_dir(), copy, symlinks=True)
-        control = run_all(spec["shapes"][:1], [control_target], cache=copy)[0]
+        controlling = start(spec["shapes"][:1], control_target, cache=copy)  # beside the targets' children
+        results = run_all(spec["shapes"], capabilities(spec["archs"]))
+        control = finish(controlling, control_target)[0]
     seeded_keys = {_label(k): k for k in seeded.get("kernels", [])}
     served = [dict(e, launch=r["launch"], shape=r["shape"]) for r in results for e in r["kernels"]]
     return {"cache_dir": cache_dir(), "served": served, "ptxas": _ptxas(results),
