@@ -84,7 +84,9 @@ def print_smoke(console: Console, report: dict) -> None:
     for check in report.get("checks", []) if isinstance(report, dict) else []:
         if not isinstance(check, dict):
             continue
-        console.print(line("  ", status_mark(check.get("status")), " ", str(check.get("name")), ": ",
+        seconds = check.get("seconds")
+        took = f" ({seconds:.1f} s)" if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else ""
+        console.print(line("  ", status_mark(check.get("status")), " ", str(check.get("name")), (took, "dim"), ": ",
                            str(check.get("detail", ""))))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .checks.deep_gemm import check_deep_gemm_sm120
@@ -55,12 +56,18 @@ def run_probe(expect: dict, workdir: str | None = None, skip_compile: bool = Fal
     )
     checks = tuple(check for check in checks if not only or check[0] in only)
 
+    started = time.monotonic()
+
     def guarded(check) -> dict:
+        """The check's result, with when it started and how long it took (seconds from the probe's start)."""
         name, run = check
+        began = time.monotonic()
         try:
-            return run()
+            result = run()
         except Exception as error:
-            return make_check(name, FAIL, f"the probe itself failed: {type(error).__name__}: {error}")
+            result = make_check(name, FAIL, f"the probe itself failed: {type(error).__name__}: {error}")
+        result.update(started_s=round(began - started, 1), seconds=round(time.monotonic() - began, 1))
+        return result
 
     with ThreadPoolExecutor(max_workers=len(checks) + 1 if jobs > 1 else 1) as pool:
         futures = [pool.submit(guarded, check) for check in checks]
