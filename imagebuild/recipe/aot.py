@@ -51,6 +51,10 @@ class ServingShape:
     moe_intermediate_size: int | None = None  # one expert's intermediate size, before the TP split
     ep: tuple[int, ...] = (1,)  # expert-parallel sizes served (SGLang --ep-size), each dividing every tp size
     model_config: str | None = None  # the config.json these fields were read from, as the recipe writes it
+    # The servers' context lengths (SGLang --context-length, default the model's max_position_embeddings): SGLang's
+    # token-table writer is a Triton kernel specialized on the table's width, the context length plus 4, so
+    # the image's Triton cache can hold it only for lengths stated here. Empty: that kernel compiles at first use.
+    context_lengths: tuple[int, ...] = ()
 
     @property
     def resolved_kv_dtype(self) -> str:
@@ -58,8 +62,9 @@ class ServingShape:
 
     def to_json(self) -> dict:
         """aot.json's entry; the MoE fields only when they differ from a dense, unquantized shape's."""
-        data = dict(asdict(self), tp=list(self.tp), ep=list(self.ep), kv_dtype=self.resolved_kv_dtype)
-        for name, default in dict(MOE_DEFAULTS, rotary_dim=None).items():
+        data = dict(asdict(self), tp=list(self.tp), ep=list(self.ep), kv_dtype=self.resolved_kv_dtype,
+                    context_lengths=list(self.context_lengths))
+        for name, default in dict(MOE_DEFAULTS, rotary_dim=None, context_lengths=[]).items():
             if data[name] == default:
                 del data[name]
         return data
@@ -88,7 +93,8 @@ class AotSpec:
 
 _AOT_KEYS = ("archs", "sglang", "deep_gemm", "shapes")
 _SHAPE_KEYS = ("name", "head_dim", "q_heads", "kv_heads", "tp", "dtype", "kv_dtype", "sliding_window",
-               "logits_soft_cap", "rope", "rotary_dim", "qk_norm", "hidden_size", "prefix_cache", "sampling") + MOE_KEYS
+               "logits_soft_cap", "rope", "rotary_dim", "qk_norm", "hidden_size", "prefix_cache", "sampling",
+               "context_lengths") + MOE_KEYS
 _SHAPE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _ARCH_ENV = "FLASHINFER_CUDA_ARCH_LIST"
 _ARCH_HINT = "sm_<major><minor>, or major.minor, with an optional a (this GPU only) or f (its family) suffix"
@@ -209,6 +215,7 @@ def _shape(read: RecipeReader, item: dict, key: Key) -> ServingShape:
         hidden_size=hidden_size,
         prefix_cache=_boolean(read, item, key + ("prefix_cache",), True),
         sampling=_boolean(read, item, key + ("sampling",), True),
+        context_lengths=_context_lengths(read, item, key + ("context_lengths",)),
         **check_moe(read, item, key, hidden_size, tp, _integer, _choice),
     )
 
@@ -231,6 +238,25 @@ def _tp(read: RecipeReader, item: dict, key: Key, q_heads: int, kv_heads: int) -
                              hint="ranks split the KV heads evenly (tp divides kv_heads) or each holds whole "
                                   "copies (kv_heads divides tp)")
     return tuple(sorted(set(value)))
+
+
+# SGLang's context length: at least one page of tokens, at most 2**24 (16M tokens; no model served today is longer).
+CONTEXT_LENGTHS = (16, 1 << 24)
+
+
+def _context_lengths(read: RecipeReader, item: dict, key: Key) -> tuple[int, ...]:
+    """The servers' context lengths, each once, in order; none when the key is left out."""
+    if key[-1] not in item:
+        return ()
+    value = item[key[-1]]
+    hint = ("the --context-length SGLang serves (default: the model's max_position_embeddings), "
+            "e.g. context_lengths = [131072, 40960] for Llama 3.1 8B and Qwen3-8B")
+    if not isinstance(value, list):
+        raise read.error(key, f"expected a list of integers, got {toml_kind(value)}", hint=hint)
+    if not value:
+        raise read.error(key, "must not be empty", hint=hint + ", or leave it out")
+    lengths = [_integer(read, value, key + (index,), *CONTEXT_LENGTHS) for index in range(len(value))]
+    return tuple(sorted(set(lengths)))
 
 
 def _integer(read: RecipeReader, table: dict | list, key: Key, low: int, high: int, *, multiple: int = 1,

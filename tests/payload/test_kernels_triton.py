@@ -43,10 +43,15 @@ TORCH_NEEDS = ("filelock==3.20.0", "typing-extensions==4.15.0", "sympy==1.14.0",
 # SGLang's server (its dependencies are GBs no kernel reads), so they are written empty.
 # The op modules the launches import: the position op, and the KV-index kernel wherever the release keeps it.
 OPS = ("sglang/kernels/ops/attention/position.py", "sglang/kernels/ops/attention/kv_indices.py",
-       "sglang/kernels/ops/kvcache/kv_indices.py")
-VARIANTS = ("compute_position_kernel", "create_flashinfer_kv_indices_triton", "create_flashinfer_kv_indices_triton")
+       "sglang/kernels/ops/kvcache/kv_indices.py", "sglang/kernels/ops/memory/common.py")
+# In the seed's order: per launch, then per variant (KV indices: int64 then int32 lengths; the token-table writer:
+# one per context length, shortest first).
+VARIANTS = ("compute_position_kernel", "create_flashinfer_kv_indices_triton", "create_flashinfer_kv_indices_triton",
+            "write_req_to_token_pool_triton", "write_req_to_token_pool_triton")
+# Llama 3.1 8B's and Qwen3-8B's context lengths; the second shape's is the first's second: one kernel, listed once.
 SPEC = {"archs": ["12.0f", "9.0a"], "sglang": True,
-        "shapes": [{"name": "llama-3.1-8b", "dtype": "bfloat16"}, {"name": "qwen3-8b", "dtype": "bfloat16"}]}
+        "shapes": [{"name": "llama-3.1-8b", "dtype": "bfloat16", "context_lengths": [40960, 131072]},
+                   {"name": "qwen3-8b", "dtype": "bfloat16", "context_lengths": [40960]}]}
 
 
 _VENVS: dict = {}
@@ -85,7 +90,7 @@ def sglang_source(folder: Path, version: str, with_op: bool = True) -> Path:
     (without_op: the first left out)."""
     with zipfile.ZipFile(published_file("sglang", version)) as wheel:
         sources = {op: wheel.read(op) for op in OPS if op in wheel.namelist()}
-    assert len(sources) == 2, f"sglang {version} keeps its ops elsewhere: {sorted(sources)}"
+    assert len(sources) == 3, f"sglang {version} keeps its ops elsewhere: {sorted(sources)}"
     for op in sources:
         parts = Path(op).parent.parts
         for depth in range(1, len(parts) + 1):
@@ -310,6 +315,15 @@ def test_no_answer_of_the_proof_s_child_ends_in_a_traceback(answer, seeded):
             zero_jit.triton_said(proof["triton"])
         except (TypeError, AttributeError, KeyError, ValueError) as error:
             pytest.fail(f"{type(error).__name__}: {error} on {proof!r} / {manifest!r}")
+
+
+def test_the_token_table_writer_is_launched_only_for_the_context_lengths_a_shape_states():
+    """Its row stride is a constexpr, so a shape without context_lengths has no key to seed: it is left to the
+    first use (and the proof lists it), never seeded for a guessed length."""
+    named = lambda shape: [name for name, _ in kernels_triton.launches(shape)]  # noqa: E731
+    assert named({"name": "a"}) == ["compute-position", "kv-indices"]
+    assert named({"name": "a", "context_lengths": []}) == ["compute-position", "kv-indices"]
+    assert named({"name": "a", "context_lengths": [40960]}) == ["compute-position", "kv-indices", "req-to-token"]
 
 
 def test_capabilities_are_triton_s_numbers_for_the_aot_archs():

@@ -67,6 +67,7 @@ head_dim = 128
 q_heads = 64
 kv_heads = 8
 tp = [16]
+context_lengths = [40960, 32768, 40960]
 """
 
 BASE = HEAD + AOT
@@ -112,7 +113,7 @@ def test_every_key():
         ServingShape(name="llama3-8b-fp8kv", head_dim=128, q_heads=32, kv_heads=8, tp=(1, 2, 4),
                      dtype="float16", kv_dtype="fp8_e4m3", sliding_window=True, logits_soft_cap=True,
                      rope="gptj", qk_norm=True, hidden_size=4096, prefix_cache=False, sampling=False),
-        ServingShape(name="qwen3-32b", head_dim=128, q_heads=64, kv_heads=8, tp=(16,)),
+        ServingShape(name="qwen3-32b", head_dim=128, q_heads=64, kv_heads=8, tp=(16,), context_lengths=(32768, 40960)),
     )
 
 
@@ -167,7 +168,8 @@ def test_to_json_and_arch_list():
              "rope": "gptj", "qk_norm": True, "hidden_size": 4096, "prefix_cache": False, "sampling": False},
             {"name": "qwen3-32b", "head_dim": 128, "q_heads": 64, "kv_heads": 8, "tp": [16],
              "dtype": "bfloat16", "kv_dtype": "bfloat16", "sliding_window": False, "logits_soft_cap": False,
-             "rope": "neox", "qk_norm": False, "hidden_size": None, "prefix_cache": True, "sampling": True},
+             "rope": "neox", "qk_norm": False, "hidden_size": None, "prefix_cache": True, "sampling": True,
+             "context_lengths": [32768, 40960]},
         ],
     }
     assert parse(without_env(HEAD) + MINIMAL_AOT).aot.arch_list == "12.0a 12.0f"
@@ -254,6 +256,16 @@ AOT_ERRORS = [
      "4100 is not a multiple of 16 from 16 to 65536", None),
     ("hidden_size = 4096", "hidden_size = 131072", "aot.shapes[0].hidden_size", "hidden_size",
      "131072 is not a multiple of 16 from 16 to 65536", None),
+    ("context_lengths = [40960, 32768, 40960]", "context_lengths = 40960", "aot.shapes[1].context_lengths",
+     "context_lengths = 40960", "expected a list of integers, got integer", "max_position_embeddings"),
+    ("context_lengths = [40960, 32768, 40960]", "context_lengths = []", "aot.shapes[1].context_lengths",
+     "context_lengths = []", "must not be empty", "leave it out"),
+    ("context_lengths = [40960, 32768, 40960]", "context_lengths = [40960, 8]", "aot.shapes[1].context_lengths[1]",
+     "context_lengths = [40960, 8]", "8 is not from 16 to 16777216", None),
+    ("context_lengths = [40960, 32768, 40960]", 'context_lengths = ["128k"]', "aot.shapes[1].context_lengths[0]",
+     "context_lengths", "expected an integer, got string", None),
+    ("context_lengths = [40960, 32768, 40960]", "context_length = [40960]", "aot.shapes[1].context_length",
+     "context_length =", "unknown key 'context_length' in [aot.shapes[1]]", "did you mean 'context_lengths'?"),
     ("[aot]", "[aott]", "aott", "[aott]", "unknown key 'aott'", "did you mean 'aot'?"),
 ]
 
@@ -346,7 +358,7 @@ DOC = {
                         "prefix_cache": True, "sampling": True}]},
 }
 AOT_KEYS = ["archs", "sglang", "deep_gemm", "shapes", "arch", ""]
-SHAPE_KEYS = list(DOC["aot"]["shapes"][0]) + ["head_dims", "x"]
+SHAPE_KEYS = list(DOC["aot"]["shapes"][0]) + ["context_lengths", "head_dims", "x"]
 one = st.sampled_from
 # Values near the rules' edges, alongside any TOML value.
 NEAR_VALUES = one([0, 1, 3, 8, 15, 16, 32, 512, 528, 1024, 1025, 65536, -1, 2 ** 63 - 1, True, "8", "jit",
@@ -407,6 +419,7 @@ def valid_shapes(draw) -> dict:
              "head_dim": 16 * draw(st.integers(1, 32)), "q_heads": q_heads, "kv_heads": kv_heads}
     optional = {"tp": st.lists(one(sizes), min_size=1, max_size=4), "dtype": one(DTYPES), "kv_dtype": one(KV_DTYPES),
                 "rope": one(ROPE_STYLES), "hidden_size": st.integers(1, 4096).map(lambda n: 16 * n),
+                "context_lengths": st.lists(st.integers(16, 1 << 24), min_size=1, max_size=4),
                 **{name: st.booleans() for name in ("sliding_window", "logits_soft_cap", "qk_norm", "prefix_cache",
                                                     "sampling")}}
     for name in draw(st.lists(one(sorted(optional)), unique=True)):
@@ -425,6 +438,9 @@ def test_valid_shapes_parse_to_what_they_say(shapes, deep_gemm, sections, multil
     assert isinstance(recipe.aot, AotSpec) and recipe.aot.deep_gemm == deep_gemm
     for written, shape in zip(shapes, recipe.aot.to_json()["shapes"], strict=True):
         assert shape["tp"] == sorted(set(written.get("tp", [1])))
-        assert {name: shape[name] for name in written if name not in ("tp", "kv_dtype")} \
-            == {name: value for name, value in written.items() if name not in ("tp", "kv_dtype")}
+        assert shape.get("context_lengths") == (sorted(set(written["context_lengths"])) if "context_lengths" in written
+                                                else None)
+        listed = ("tp", "kv_dtype", "context_lengths")
+        assert {name: shape[name] for name in written if name not in listed} \
+            == {name: value for name, value in written.items() if name not in listed}
         assert shape["kv_dtype"] in (written.get("kv_dtype"), shape["dtype"])

@@ -105,14 +105,52 @@ def _kv_indices(shape: dict, device: str = "cpu") -> list:
     return answers
 
 
+# The extra rows of ReqToTokenPool beyond the context length (SGLang 0.5.23 mem_cache/allocation_sizing.py:96-116
+# get_req_to_token_extra_context_len: 4, more with speculative decoding or pages over 1 with it).
+REQ_TO_TOKEN_EXTRA = 4
+
+
+def _req_to_token(shape: dict, device: str = "cpu") -> list:
+    """An extend's token allocation writes each request's cached prefix and new token slots into its row of the
+    request-to-token table: alloc_for_extend -> write_cache_indices launches write_req_to_token_pool_triton
+    (SGLang 0.5.23 mem_cache/allocation.py:73-88, 392-464: the int32 table, int64 request rows, uint64 pointers
+    to each request's int64 prefix slots, int64 prefix, sequence and extend lengths, int64 new slots, and the
+    table's width as a constexpr, which makes one kernel per context length: the shape's context_lengths).
+    Returns [(what, got, torch's answer)]."""
+    import torch
+    from sglang.kernels.ops.memory.common import write_req_to_token_pool_triton
+    answers = []
+    for context_length in shape.get("context_lengths") or ():
+        width = context_length + REQ_TO_TOKEN_EXTRA
+        table = torch.zeros((4, width), dtype=torch.int32, device=device)
+        rows = torch.tensor((1, 2, 3), dtype=torch.int64, device=device)
+        prefixes = [torch.arange(1000 + 1000 * i, 1000 + 1000 * i + n, dtype=torch.int64, device=device)
+                    for i, n in enumerate(PREFIX_LENS)]
+        pointers = torch.tensor([t.data_ptr() for t in prefixes], dtype=torch.uint64, device=device)
+        pre = torch.tensor(PREFIX_LENS, dtype=torch.int64, device=device)
+        extend = torch.tensor(EXTEND_LENS, dtype=torch.int64, device=device)
+        slots = torch.arange(50_000, 50_000 + sum(EXTEND_LENS), dtype=torch.int64, device=device)
+        write_req_to_token_pool_triton[(len(PREFIX_LENS),)](table, rows, pointers, pre, pre + extend, extend, slots,
+                                                            width)
+        want = torch.zeros((4, width), dtype=torch.int64)
+        start = 0
+        for row, prefix, n in zip((1, 2, 3), prefixes, EXTEND_LENS):
+            want[row, :len(prefix)] = prefix.cpu()
+            want[row, len(prefix):len(prefix) + n] = slots[start:start + n].cpu()
+            start += n
+        answers.append((f"token table ({context_length} tokens)", table, want))
+    return answers
+
+
 # (name, call): the Triton launches a forward of a shape reaches on SGLang's FlashInfer backend; call(shape,
 # device) launches on that device's tensors and returns [(what, got, torch's answer)] (under StubDriver nothing
 # runs and the answers are left unread; gpu_launch.py compares them on a GPU).
-LAUNCHES = (("compute-position", _compute_position), ("kv-indices", _kv_indices))
+LAUNCHES = (("compute-position", _compute_position), ("kv-indices", _kv_indices), ("req-to-token", _req_to_token))
 
 
 def launches(shape: dict) -> list:
-    return [(name, call) for name, call in LAUNCHES]
+    """LAUNCHES for the shape: the token-table writer only where the shape states its context lengths."""
+    return [(name, call) for name, call in LAUNCHES if name != "req-to-token" or shape.get("context_lengths")]
 
 
 class StubDriver:
