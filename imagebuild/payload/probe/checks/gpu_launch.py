@@ -6,8 +6,9 @@ compiling. Each launch goes through the library's own public call, as SGLang 0.5
 ragged and paged prefill and paged decode wrappers (plan, then run; page size 1, scattered pages), its
 cascade merge and top-k/top-p sampling, SGLang's own ops for its cached kernels, and SGLang's Triton launches
 the [aot] step seeded into Triton's cache (Triton's own listener says whether each came from that cache). Every
-result is compared with a float32 torch reference (integer results must match exactly). Which prebuilt files a launch loaded is read from /proc/self/maps before and
-after it, so nothing here names a module: the verdict (gpu_kernels.py) matches them to the manifest.
+result is compared with a float32 torch reference (integer results must match exactly). Which prebuilt files a
+launch loaded is read from /proc/self/maps before and after it, so nothing here names a module: the verdict
+(gpu_kernels.py) matches them to the manifest.
 
     python gpu_launch.py AOT_JSON MANIFEST   prints one JSON answer
 """
