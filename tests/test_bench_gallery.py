@@ -6,17 +6,13 @@ any JSON config gives names or none, never a traceback."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
+from tests.bench_script import loaded
 from tests.json_fuzz import json_values
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "gallery.py"
 
 # The flagship's history, oldest first (created_by as BuildKit wrote it; the long commands cut after 200 characters).
 HISTORY = [
@@ -42,12 +38,7 @@ STEPS = ["(no history)", "venv", "COPY requirements/1-framework.txt", "install l
 
 @pytest.fixture(scope="module")
 def gallery():
-    spec = importlib.util.spec_from_file_location("imagebuild_bench_gallery_logic", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield from loaded("gallery")
 
 
 def digest(n: int) -> str:

@@ -5,13 +5,12 @@ a ranged GET and a 404), each with the logrus line the registry writes beside it
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "node.py"
+from tests.bench_script import loaded
+
 BLOB = "sha256:c59d3c0480cc2d71d8f646e735e92da65450311eec46e81a5db8c7e6e8a92054"
 OTHER = "sha256:" + "0" * 64
 
@@ -34,12 +33,7 @@ MISSING = f"""\
 
 @pytest.fixture(scope="module")
 def node():
-    spec = importlib.util.spec_from_file_location("imagebuild_bench_node_logic", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield from loaded("node")
 
 
 def test_a_whole_get_is_a_served_layer_and_its_bytes_once(node):
