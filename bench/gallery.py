@@ -35,8 +35,8 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from imagebuild.render.markers import parse_marker  # noqa: E402  (`: imagebuild-step=install layer=kernels ...`)
-from node import (MEDIA_INDEX, MEDIA_MANIFEST, Containerd, Docker, PassError, Podman, import_command,  # noqa: E402
-                  push, served_blobs, start_registry)
+from node import (MARK, MEDIA_INDEX, MEDIA_MANIFEST, Containerd, Docker, PassError, Podman,  # noqa: E402
+                  import_command, push, served_blobs, start_registry)
 
 REPOSITORY = "imagebuild-bench/gallery"
 TAGS = ("first", "second")
@@ -166,7 +166,7 @@ def timed_pull(consumer, ref: str, sizes: dict[str, int], log: Path) -> tuple[fl
 def started(consumer, ref: str, command: list[str]) -> tuple[float, str]:
     begun = time.monotonic()
     output = consumer.start_import(ref, command)
-    if "imagebuild-bench-imported" not in output:
+    if MARK not in output:
         raise PassError(f"{consumer.name}: the import did not print its mark: {output[-500:]!r}")
     return time.monotonic() - begun, output.strip().splitlines()[-1]
 
@@ -178,7 +178,7 @@ def measure(consumer, refs: dict[str, str], layers: dict[str, list[Layer]], log:
     try:
         cold_s, served, cold_bytes = timed_pull(consumer, refs["second"], sizes, log)
         check_cold(consumer.name, "second", served, layers["second"])
-        cold_import, said = started(consumer, refs["second"], command)
+        cold_import, _ = started(consumer, refs["second"], command)
     finally:
         consumer.clean()
     consumer.empty()
