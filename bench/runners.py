@@ -77,10 +77,14 @@ def build(daemon, recipe: Path, tag: str, cache_args: list[str], cache_dir: Path
 
 
 def kernels_of(report: dict) -> dict:
-    k = report.get("kernels") or {}
-    seeded = k.get("seeded") or {}
+    """What `build --json` says of the kernel step; what it does not say (or says in another shape) is None."""
+    k = report.get("kernels") if isinstance(report, dict) else None
+    k = k if isinstance(k, dict) else {}
+    seeded = k.get("seeded") if isinstance(k.get("seeded"), dict) else {}
+    taken = seeded.get("taken") if isinstance(seeded.get("taken"), list) else []
     return {"step": k.get("step"), "compiled": k.get("compiled"), "reused": k.get("reused"),
-            "seeded_added": seeded.get("added"), "seeded_from": [t.get("source") for t in seeded.get("taken", [])]}
+            "seeded_added": seeded.get("added"),
+            "seeded_from": [t.get("source") for t in taken if isinstance(t, dict)]}
 
 
 def pulled(log_text: str) -> tuple[int, int]:
@@ -92,9 +96,10 @@ def pulled(log_text: str) -> tuple[int, int]:
 def check_second(a: dict, b: dict, blobs: int) -> None:
     """B compiled nothing and reused as many kernels as A made; it pulled from the registry."""
     ka, kb = kernels_of(a["report"]), kernels_of(b["report"])
-    if not ka["compiled"]:
+    count = lambda value: value if isinstance(value, int) and not isinstance(value, bool) else None
+    if not count(ka["compiled"]):
         raise PassError(f"runner A compiled no kernel ({ka}): a cold runner must, or the engine was not empty")
-    if kb["compiled"] != 0 or kb["reused"] != ka["compiled"] + (ka["reused"] or 0):
+    if count(kb["compiled"]) != 0 or count(kb["reused"]) != ka["compiled"] + (count(ka["reused"]) or 0):
         raise PassError(f"runner B compiled {kb['compiled']} and reused {kb['reused']} kernels; runner A made "
                         f"{ka['compiled']} (+{ka['reused']} reused): B did not take them all from A's cache")
     if not blobs:

@@ -7,9 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from imagebuild.recipe.model import load_recipe
 from tests.bench_script import loaded
+from tests.json_fuzz import json_values
 from tests.test_bench_node import BLOB, LOG, MISSING, RANGED
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,3 +62,19 @@ def test_runner_b_must_compile_nothing_reuse_all_and_pull(runners):
         runners.check_second(report(12, 0), report(0, 12, {"flashinfer": 6}), blobs=0)
     with pytest.raises(runners.PassError, match="compiled None"):
         runners.check_second(report(12, 0), {"report": {}}, blobs=3)  # no kernel report at all
+
+
+@given(json_values)
+def test_any_build_report_gives_a_verdict_never_a_traceback(runners, value):
+    """`build --json` is another tool's output here: whatever its shape, runner B passes or is a PassError."""
+    assert set(runners.kernels_of({"kernels": value})) == {"step", "compiled", "reused", "seeded_added", "seeded_from"}
+    try:
+        runners.check_second(report(12, 0), {"report": value}, blobs=1)
+    except runners.PassError:
+        pass
+
+
+@given(st.text(max_size=400))
+def test_any_log_text_gives_counts(runners, text):
+    blobs, size = runners.pulled(text)
+    assert blobs >= 0 and size >= 0
