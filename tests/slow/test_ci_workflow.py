@@ -155,8 +155,8 @@ def test_the_workflow_publishes_then_a_fresh_runner_reuses_and_a_release_tag_get
         theirs = layer_steps(private_registry, repository, f"ci-{pid}-b-branch-main")
         assert [step for step, _ in ours] == [step for step, _ in theirs]
         differ = [step for (step, a), (_, b) in zip(ours, theirs) if a != b]
-        assert differ[0] == "install framework" and differ[1].startswith("COPY imagebuild/probe.pyz") and \
-            len(differ) == 2, differ
+        assert len(differ) == 2 and differ[0] == "install framework" and \
+            differ[1].startswith("COPY imagebuild/probe.pyz"), differ
         shared = {a for (_, a), (_, b) in zip(ours, theirs) if a == b}
         assert "install kernels" in [step for step, a in ours if a in shared], ours
         # The registry was sent the variant's own layers only: no upload of a layer it already held.
