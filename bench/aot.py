@@ -151,14 +151,27 @@ def fresh_runner(engine, image: str, library: Path, folder: Path, base_s: float)
         remove_mount(engine, mount)
 
 
+LIBRARY_PIN = "six==1.17.0"  # pure Python, in the application layer: no kernel imports it
+
+
+def with_library_pin(text: str) -> str:
+    """A recipe's text with LIBRARY_PIN first among its requirements: the library-only move."""
+    return text.replace("requirements = [\n", f'requirements = [\n  "{LIBRARY_PIN}",\n', 1)
+
+
 def moved(recipe_path: Path, folder: Path, name: str, edit) -> Path:
     """The recipe edited, named for the bench, with this run's own value in [env] (below the kernel step), so an
-    engine that built the same move before cannot take the step from its builder cache: the step runs. The
-    recipe's lock goes beside it, so its relock keeps every locked version the edit allows: the move is the edit."""
+    engine that built the same move before cannot take the step from its builder cache: the step runs."""
     text = edit(recipe_path.read_text())
     if "\n[env]\n" in text:
         text = text.replace("\n[env]\n", f'\n[env]\nIMAGEBUILD_BENCH_RUN = "{os.getpid()}"\n', 1)
     text = re.sub(r'name = "([^"]+)"', lambda m: f'name = "imagebuild-bench/{name}"', text, count=1)
+    return beside(recipe_path, folder, name, text)
+
+
+def beside(recipe_path: Path, folder: Path, name: str, text: str) -> Path:
+    """text written as folder/recipes/NAME.toml, its patches found where recipe_path's are, and recipe_path's
+    lock beside it, so its relock keeps every locked version the edit allows: the move is the edit."""
     text = text.replace('file = "patches/', f'file = "{recipe_path.parent}/patches/')
     path = folder / "recipes" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -206,8 +219,7 @@ def main() -> None:
         base_s = cold["seconds"]
         print(f"recipe {recipe.name}")
         print(f"  baseline, kernel step cold (layers below cached): {base_s:.1f} s; {cold['kernels']}")
-        library = moved(recipe, folder, "aot-library-move",
-                        lambda t: t.replace('requirements = [\n', 'requirements = [\n  "six==1.17.0",\n', 1))
+        library = moved(recipe, folder, "aot-library-move", with_library_pin)
         library_s, report = timed_build(engine, library)
         made.append(report.image)
         print(f"  library-only move (+six): {library_s:.1f} s = {library_s / base_s:.2f}x of the baseline; "

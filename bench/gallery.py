@@ -35,8 +35,8 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from imagebuild.render.markers import parse_marker  # noqa: E402  (`: imagebuild-step=install layer=kernels ...`)
-from node import (MARK, MEDIA_INDEX, MEDIA_MANIFEST, Containerd, Docker, PassError, Podman,  # noqa: E402
-                  import_command, push, served_blobs, start_registry)
+from node import (MARK, Containerd, Docker, PassError, Podman, image_manifest, import_command, push,  # noqa: E402
+                  served_blobs, start_registry)
 
 REPOSITORY = "imagebuild-bench/gallery"
 TAGS = ("first", "second")
@@ -87,11 +87,7 @@ def layer_steps(config: dict) -> list[str]:
 
 def image_layers(url: str, repo: str, tag: str) -> list[Layer]:
     """The pushed image's layers (amd64 of an index), in order, each with the step that made it."""
-    accept = {"Accept": f"{MEDIA_INDEX}, {MEDIA_MANIFEST}"}
-    top = requests.get(f"{url}/v2/{repo}/manifests/{tag}", headers=accept, timeout=30).json()
-    if "manifests" in top:
-        amd64 = [m for m in top["manifests"] if m.get("platform", {}).get("architecture") == "amd64"]
-        top = requests.get(f"{url}/v2/{repo}/manifests/{amd64[0]['digest']}", headers=accept, timeout=30).json()
+    top = image_manifest(url, repo, tag)
     config = requests.get(f"{url}/v2/{repo}/blobs/{top['config']['digest']}", timeout=30).json()
     steps = layer_steps(config)
     if len(steps) != len(top["layers"]):

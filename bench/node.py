@@ -43,7 +43,7 @@ MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 DOCKER = os.environ.get("IMAGEBUILD_DOCKER_CLI", "docker")
 
 # docker-registry's access log (combined format): the request line, the status, the body bytes.
-_ACCESS = re.compile(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" (200|206) (\d+)')
+ACCESS = re.compile(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" (200|206) (\d+)')
 
 
 class PassError(RuntimeError):
@@ -59,7 +59,7 @@ class Served:
 def served_blobs(log_text: str, layers: dict[str, int]) -> Served:
     """The bytes and the layers (of `layers`: digest -> size) the registry's access log shows served."""
     served = Served()
-    for digest, status, size in _ACCESS.findall(log_text):
+    for digest, status, size in ACCESS.findall(log_text):
         if digest in layers:
             served.bytes += int(size)
             if status == "200" and int(size) == layers[digest]:
@@ -204,14 +204,19 @@ def push(image: str, ref: str, compression: str, cache: Path) -> dict:
     return json.loads(proc.stdout)
 
 
-def image_layers(url: str, repo: str, tag: str) -> dict[str, int]:
-    """The pushed image's layers (digest -> size), read back from the registry."""
+def image_manifest(url: str, repo: str, tag: str) -> dict:
+    """The pushed image's manifest (an index's amd64 one), read back from the registry."""
     accept = {"Accept": f"{MEDIA_INDEX}, {MEDIA_MANIFEST}"}
     top = requests.get(f"{url}/v2/{repo}/manifests/{tag}", headers=accept, timeout=30).json()
     if "manifests" in top:
         amd64 = [m for m in top["manifests"] if m.get("platform", {}).get("architecture") == "amd64"]
         top = requests.get(f"{url}/v2/{repo}/manifests/{amd64[0]['digest']}", headers=accept, timeout=30).json()
-    return {layer["digest"]: layer["size"] for layer in top["layers"]}
+    return top
+
+
+def image_layers(url: str, repo: str, tag: str) -> dict[str, int]:
+    """The pushed image's layers (digest -> size), read back from the registry."""
+    return {layer["digest"]: layer["size"] for layer in image_manifest(url, repo, tag)["layers"]}
 
 
 def one_pass(consumer, ref: str, compression: str, layers: dict[str, int], log: Path, command: list[str]) -> dict:

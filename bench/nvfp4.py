@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.aot import build_on_mount, manifest_of, moved, private_mount, remove_mount  # noqa: E402
+from bench.aot import build_on_mount, manifest_of, moved, private_mount, remove_mount, with_library_pin  # noqa: E402
 from imagebuild import flows  # noqa: E402
 from imagebuild.engine.docker import DockerEngine  # noqa: E402
 from imagebuild.render.paths import PROBE_COMMAND  # noqa: E402
@@ -117,8 +117,7 @@ def main() -> None:
             figures["zero_jit"] = {"status": proof["status"], "detail": proof["detail"], "seconds": proof["seconds"]}
             record()
             print(f"  zero-JIT proof ({proof['seconds']:.0f} s): {proof['status']}: {proof['detail'][:1500]}")
-            library = moved(recipe, folder, "nvfp4-library-move", lambda t: t.replace(
-                'requirements = [\n', 'requirements = [\n  "six==1.17.0",\n', 1).replace(
+            library = moved(recipe, folder, "nvfp4-library-move", lambda t: with_library_pin(t).replace(
                 'model_config = "', f'model_config = "{recipe.parent}/'))
             flows.lock(library)
             warm = build_on_mount(engine, library, folder / "warm", mount, progress)

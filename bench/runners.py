@@ -31,12 +31,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from node import PassError  # noqa: E402
+from bench.aot import LIBRARY_PIN as SIBLING_PIN, beside, with_library_pin  # noqa: E402
+from node import ACCESS, PassError  # noqa: E402
 from tests import engine_daemon, registry_server  # noqa: E402
-
-SIBLING_PIN = "six==1.17.0"
-# docker-registry's access log: every blob GET answered whole, whatever its size.
-_GET = re.compile(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" 200 (\d+)')
 
 
 def sibling(recipe: Path, folder: Path) -> Path:
@@ -45,17 +42,8 @@ def sibling(recipe: Path, folder: Path) -> Path:
     text = recipe.read_text()
     if "requirements = [\n" not in text:
         raise SystemExit(f"{recipe}: no `requirements = [` line to add {SIBLING_PIN} to")
-    text = text.replace("requirements = [\n", f'requirements = [\n  "{SIBLING_PIN}",\n', 1)
-    text = re.sub(r'name = "([^"]+)"', r'name = "\1-sibling"', text, count=1)
-    text = text.replace('file = "patches/', f'file = "{recipe.parent}/patches/')
-    path = folder / "recipes" / f"{recipe.stem}-sibling.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    lock = recipe.parent.parent / "lockfiles" / f"{recipe.stem}.lock"
-    if lock.exists():
-        (folder / "lockfiles").mkdir(exist_ok=True)
-        (folder / "lockfiles" / f"{path.stem}.lock").write_bytes(lock.read_bytes())
-    return path
+    text = re.sub(r'name = "([^"]+)"', r'name = "\1-sibling"', with_library_pin(text), count=1)
+    return beside(recipe, folder, f"{recipe.stem}-sibling", text)
 
 
 def build(daemon, recipe: Path, tag: str, cache_args: list[str], cache_dir: Path, log: Path) -> dict:
@@ -89,8 +77,8 @@ def kernels_of(report: dict) -> dict:
 
 def pulled(log_text: str) -> tuple[int, int]:
     """Blobs and bytes the registry served whole (GET 200) in this stretch of its access log."""
-    found = _GET.findall(log_text)
-    return len({digest for digest, _ in found}), sum(int(size) for _, size in found)
+    found = [(digest, int(size)) for digest, status, size in ACCESS.findall(log_text) if status == "200"]
+    return len({digest for digest, _ in found}), sum(size for _, size in found)
 
 
 def check_second(a: dict, b: dict, blobs: int) -> None:
