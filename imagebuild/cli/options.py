@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from imagebuild.engine import DEFAULT_ENGINE, engine_names
+from imagebuild.image.compression import CHOICES, DEFAULT
 
 
 def engine_option(cmd: argparse.ArgumentParser) -> None:
@@ -14,10 +15,11 @@ def engine_option(cmd: argparse.ArgumentParser) -> None:
 
 
 def compression_option(cmd: argparse.ArgumentParser, what: str) -> None:
-    """--compression gzip|zstd: gzip, which every engine reads, unless zstd is asked for."""
-    cmd.add_argument("--compression", choices=("gzip", "zstd"), default="gzip",
-                     help=f"how {what} are compressed: gzip (default; every engine reads it) or zstd "
-                          "(a node unpacks it faster; containerd, Podman, CRI-O and Docker 23+ read it)")
+    """--compression gzip|zstd|estargz: gzip, which every engine reads, unless another is asked for."""
+    cmd.add_argument("--compression", choices=tuple(CHOICES), default=DEFAULT.name,
+                     help=f"how {what} are compressed: gzip (default; every engine reads it), zstd "
+                          "(a node unpacks it faster; containerd, Podman, CRI-O and Docker 23+ read it) or "
+                          "estargz (gzip that stargz-snapshotter mounts lazily; every gzip reader reads it)")
 
 
 def gpu_request(text: str) -> bool | tuple:

@@ -1,5 +1,6 @@
-"""How a layer blob is compressed: gzip (the default, which every engine reads) or zstd (which a node
-unpacks several times faster: containerd, Podman, CRI-O and Docker ≥ 23 read it).
+"""How a layer blob is compressed: gzip (the default, which every engine reads), zstd (which a node
+unpacks several times faster: containerd, Podman, CRI-O and Docker ≥ 23 read it) or eStargz (gzip that a
+lazy consumer mounts before it has the whole blob, and every gzip reader reads: estargz.py writes it).
 
 Both are written so the same tar gives the same blob every time: gzip without a name or a time at a
 fixed level (zlib's version decides the rest); zstd by Debian's `zstd` CLI at a fixed level, single
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gzip
+import hashlib
 import re
 import shutil
 import subprocess
@@ -43,16 +45,27 @@ class Compression:
     name: str  # what --compression takes
     media_type: str  # the layer's OCI media type
     cache_key: str  # the compressor and level, in LayerCache's key (cache_key() adds zstd's version)
+    prioritized: tuple[str, ...] = ()  # eStargz only: paths placed first, for a lazy consumer to prefetch
+
+    def __str__(self) -> str:
+        return self.name
+
+    def with_prioritized(self, paths) -> "Compression":
+        """eStargz whose layers put these paths (a workload's files, in the order it read them) first."""
+        if self.name != "estargz":
+            raise CompressionError(f"only estargz layers take a prioritized file list, not {self.name}")
+        return Compression(self.name, self.media_type, self.cache_key, tuple(paths))
 
 
 GZIP = Compression("gzip", "application/vnd.oci.image.layer.v1.tar+gzip", str(GZIP_LEVEL))
 ZSTD = Compression("zstd", "application/vnd.oci.image.layer.v1.tar+zstd", f"zstd{ZSTD_LEVEL}")
-CHOICES = {c.name: c for c in (GZIP, ZSTD)}
+ESTARGZ = Compression("estargz", GZIP.media_type, f"estargz{GZIP_LEVEL}")
+CHOICES = {c.name: c for c in (GZIP, ZSTD, ESTARGZ)}
 DEFAULT = GZIP
 
 
 def compression(name: str | Compression) -> Compression:
-    """`gzip` or `zstd` as a Compression; anything else is one clear error."""
+    """`gzip`, `zstd` or `estargz` as a Compression; anything else is one clear error."""
     if isinstance(name, Compression):
         return name
     found = CHOICES.get(name)
@@ -78,9 +91,15 @@ def _zstd_version() -> str:
 
 
 def cache_key(kind: str | Compression) -> str:
-    """What a cached blob was made with: gzip's level (zlib is Python's own), or zstd's level and version."""
+    """What a cached blob was made with: gzip's level (zlib is Python's own), zstd's level and version, or
+    eStargz's level and the digest of its prioritized list (the order of a layer's entries)."""
     kind = compression(kind)
-    return kind.cache_key if kind is GZIP else f"{kind.cache_key}-{_zstd_version()}"
+    if kind.name == "zstd":
+        return f"{kind.cache_key}-{_zstd_version()}"
+    if kind.name == "estargz":
+        listed = hashlib.sha256("\n".join(kind.prioritized).encode("utf-8", "surrogateescape")).hexdigest()
+        return f"{kind.cache_key}-{listed[:16]}"
+    return kind.cache_key
 
 
 def check_available(kind: str | Compression) -> None:
@@ -94,6 +113,8 @@ def compressed_writer(out: IO[bytes], kind: str | Compression) -> Iterator[IO[by
     """A write stream whose bytes reach `out` compressed, the same way every time; the blob is whole
     when the block ends (a compressor that fails raises CompressionError)."""
     kind = compression(kind)
+    if kind.name == "estargz":
+        raise CompressionError("an eStargz layer is written entry by entry (estargz.write_estargz), not as a stream")
     if kind is GZIP:
         with gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=out, mtime=0) as gz:
             yield gz
@@ -144,7 +165,7 @@ def decompressed(handle: IO[bytes], kind: str | Compression, where: str) -> Iter
     """A compressed blob as a plain stream. A blob that is damaged or truncated raises CompressionError
     naming `where`: a gzip one at the read that meets the damage, a zstd one when read to its end."""
     kind = compression(kind)
-    if kind is GZIP:
+    if kind.media_type == GZIP.media_type:
         with gzip.GzipFile(fileobj=handle, mode="rb") as plain:
             yield _Inflating(plain, where)
         return

@@ -61,7 +61,8 @@ class LayoutResult:
 def normalize_layer(raw: BinaryIO, blob_dir: Path, *, epoch: int, compression: Compression = DEFAULT) -> LayerBlob:
     """A seekable layer tar (plain, gzip or zstd) -> a normalized blob (gzip or zstd) in blob_dir/sha256/."""
     layer = write_layer_blob(raw, blob_dir, epoch=epoch, compression=compression)
-    return LayerBlob(layer.diff_id, Descriptor(compression.media_type, layer.digest, layer.size))
+    return LayerBlob(layer.diff_id, Descriptor(compression.media_type, layer.digest, layer.size,
+                                               dict(layer.annotations)))
 
 
 # ---------------------------------------------------------------- reading a saved image
@@ -221,7 +222,8 @@ class LayerCache:
             compression: Compression = DEFAULT) -> LayerBlob | None:
         try:
             record = json.loads(self._record(engine_digest, epoch, compression).read_text())
-            desc = Descriptor(compression.media_type, record["digest"], int(record["size"]))
+            desc = Descriptor(compression.media_type, record["digest"], int(record["size"]),
+                              {str(k): str(v) for k, v in record.get("annotations", {}).items()})
             cached = blob_path(self.root, desc.digest)
             target = blob_path(blob_dir.parent, desc.digest)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -241,7 +243,8 @@ class LayerCache:
         record = self._record(engine_digest, epoch, compression)
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps({"diff_id": layer.diff_id, "digest": layer.descriptor.digest,
-                                      "size": layer.descriptor.size}))
+                                      "size": layer.descriptor.size,
+                                      "annotations": layer.descriptor.annotations}))
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -264,7 +267,7 @@ def export_layout(engine, image: str, out_dir: Path, *, epoch: int = REPRO_EPOCH
 
     cache: True for the user's layer cache, a LayerCache, or None/False for none.
     build_cache: keep BuildKit's inline cache metadata (for the image pushed as a build cache).
-    compression: gzip (default) or zstd layers (compression.py)."""
+    compression: gzip (default), zstd or eStargz layers (compression.py)."""
     started = time.monotonic()
     compression = compression_named(compression)
     check_available(compression)

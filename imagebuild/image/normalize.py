@@ -17,13 +17,14 @@ import posixpath
 import shutil
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, BinaryIO, Iterator
 
 from imagebuild.errors import ImagebuildError
 from imagebuild.image.compression import (DEFAULT, GZIP, GZIP_MAGIC, ZSTD, ZSTD_MAGIC, Compression, CompressionError,
                                           compressed_writer, decompressed)
+from imagebuild.image.estargz import write_estargz
 
 _CHUNK = 1 << 20
 ENTRY_TYPES = {tarfile.REGTYPE: tarfile.REGTYPE, tarfile.AREGTYPE: tarfile.REGTYPE,
@@ -44,6 +45,7 @@ class NormalizedLayer:
     diff_id: str  # sha256 of the normalized, uncompressed tar
     digest: str  # sha256 of the compressed blob, which is stored under that name
     size: int  # of the compressed blob
+    annotations: dict = field(default_factory=dict)  # for the manifest's descriptor (eStargz's TOC digest)
 
 
 class _Hashing:
@@ -184,25 +186,31 @@ def write_normalized(raw: BinaryIO, index: list[tuple[tarfile.TarInfo, int]], ou
 
 def write_layer_blob(raw: BinaryIO, blob_dir: Path, *, epoch: int,
                      compression: Compression = DEFAULT) -> NormalizedLayer:
-    """A seekable layer tar (plain, gzip or zstd) -> a normalized blob (gzip or zstd) in blob_dir/sha256/."""
+    """A seekable layer tar (plain, gzip or zstd) -> a normalized blob (gzip, zstd or eStargz) in
+    blob_dir/sha256/."""
     blobs = blob_dir / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
     with _plain(raw, blobs) as plain:
         index = index_layer(plain, epoch)
         fd, tmp = tempfile.mkstemp(prefix=".layer-", dir=blobs)
         try:
+            annotations = {}
             with os.fdopen(fd, "wb") as handle:
                 blob = _Hashing(handle)
                 try:
-                    with compressed_writer(blob, compression) as compressed:
-                        diff_id = write_normalized(plain, index, compressed)
+                    if compression.name == "estargz":
+                        written = write_estargz(plain, index, blob, prioritized=compression.prioritized)
+                        diff_id, annotations = written.diff_id, written.annotations
+                    else:
+                        with compressed_writer(blob, compression) as compressed:
+                            diff_id = write_normalized(plain, index, compressed)
                 except CompressionError as err:
                     raise LayerError(str(err)) from None
             os.replace(tmp, blobs / blob.digest.split(":", 1)[1])
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    return NormalizedLayer(diff_id, blob.digest, blob.size)
+    return NormalizedLayer(diff_id, blob.digest, blob.size, annotations)
 
 
 @contextlib.contextmanager
