@@ -47,6 +47,10 @@ def add_commands(command) -> None:
                      help=f"layers larger than this go up in resumable chunks of it "
                           f"(default {DEFAULT_CHUNK >> 20}M)")
     compression_option(cmd, "an engine image's layers")
+    cmd.add_argument("--prefetch-import", metavar="MODULES", type=lambda text: tuple(text.split(",")), default=(),
+                     help="with --compression estargz: import these modules (comma-separated) in the image first "
+                          "and put the files they read at the front of each layer, for a lazy consumer to "
+                          "prefetch as it mounts the image")
     cmd.add_argument("--retries", type=int, default=5,
                      help="retries of a request after 5xx, 429 or a lost connection (default 5)")
     cmd.set_defaults(handler=run_push)
@@ -59,7 +63,7 @@ def run_push(args: argparse.Namespace, out: Console, err: Console) -> int:
     connection = Connection(ca_cert=args.ca_cert, insecure_http=args.insecure_http, retries=args.retries)
     options = PushOptions(layout_name=args.layout_name, mount_from=args.mount_from, chunk_size=args.chunk_size)
     report = publish(args.source, args.reference, connection, options, compression=args.compression,
-                     progress=progress)
+                     progress=progress, prefetch_import=args.prefetch_import)
     if args.digest_file:
         args.digest_file.write_text(report.digest + "\n")
     if args.json:

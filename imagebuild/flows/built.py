@@ -46,8 +46,9 @@ def record_image(lock_sha256: str, image_id: str) -> None:
         _write(lock_sha256, data)
 
 
-def _key(repository: str, compression: str) -> str:
-    return repository if compression == "gzip" else f"{repository}+{compression}"
+def _key(repository: str, compression) -> str:
+    name = str(compression)  # a name, or a Compression (its name)
+    return repository if name == "gzip" else f"{repository}+{name}"
 
 
 def pushed_digest(lock_sha256: str, repository: str, compression: str = "gzip") -> str | None:

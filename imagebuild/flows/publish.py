@@ -13,16 +13,18 @@ from imagebuild.common import Progress, quiet
 from imagebuild.errors import ImagebuildError
 from imagebuild.flows.built import record_push
 from imagebuild.flows.by_lock import RegistryTarget, lock_tag, tag_for_lock
+from imagebuild.flows.prefetch import prefetching
 from imagebuild.flows.smoke import lock_built, smoke_on_record
 from imagebuild.registry import Connection, PushOptions, export_engine_image, parse_reference, push
 
 
 def publish(source: str, reference: str, connection: Connection, options: PushOptions, *,
-            compression: str = "gzip", engine=None, progress: Progress = quiet):
+            compression: str = "gzip", engine=None, progress: Progress = quiet, prefetch_import=()):
     """Push `source` (an OCI layout folder, or an image of `engine`, default the default engine) to
-    `reference`; returns registry's push report with the source, how it was exported and its lock tag."""
+    `reference`; returns registry's push report with the source, how it was exported and its lock tag.
+    prefetch_import: modules whose import's files eStargz layers put first (flows/prefetch.py)."""
     folder = Path(source)
-    locked = passed = info = None
+    locked = passed = info = reads = None
     with tempfile.TemporaryDirectory(prefix="imagebuild-push-") as tmp:
         exported = ""
         if not folder.is_dir():
@@ -35,10 +37,18 @@ def publish(source: str, reference: str, connection: Connection, options: PushOp
             locked = lock_built(info)
             passed = smoke_on_record(info.id) if locked else None
             folder = Path(tmp) / "layout"
-            exported = export_engine_image(engine, source, folder, progress, compression=compression)
+            kind, reads = prefetching(compression, engine, source, prefetch_import)
+            if reads:
+                progress(f"importing {', '.join(reads.modules)} in {source} read {len(reads.files)} files: "
+                         "each eStargz layer puts those it holds first")
+            exported = export_engine_image(engine, source, folder, progress, compression=kind)
+        elif prefetch_import:
+            raise ImagebuildError(f"{source} is an OCI layout: --prefetch-import records an import in an engine "
+                                  "image, so push the engine image")
         ref = parse_reference(reference)
         report = push(folder, reference, connection, options, progress)
         report.source, report.exported_with = source, exported
+        report.prefetch = reads.to_dict() if reads else None
         if locked and passed:  # its smoke report attached first, so the lock tag never names an image without it
             target = RegistryTarget(f"{ref.registry}/{ref.repository}", connection)
             tag_for_lock(target.client(progress), ref, report.digest, locked, passed, image_id=info.id,

@@ -3,6 +3,7 @@
     probe/          the smoke test and doctor's diagnosis, packed as one zipapp (probe.pyz)
     apply_patch.py  applies a recipe's [[patches]] exactly to installed files
     prune.py        applies a recipe's [[prune]] in the step that installs a distribution
+    record_reads.py lists the files an import reads, for eStargz's prefetch (run on a built image, not built in)
 
 Boundary: everything here imports only the standard library and itself (tests/test_architecture.py
 walks the imports), runs under any Python >= 3.9, and is the same code `doctor` runs on a host. Host
@@ -17,6 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PATCHER = HERE / "apply_patch.py"
 PRUNER = HERE / "prune.py"
+RECORDER = HERE / "record_reads.py"
 
 
 def checksum() -> str:

@@ -96,6 +96,7 @@ class PushReport:
     exported_with: str = ""  # how an engine image became a layout, when it was one
     platforms: list[dict] = field(default_factory=list)  # an index's: platform, manifest digest, referrers
     lock_tag: str = ""  # lock-<sha256>, when the image was built here from that lock and pushed under it too
+    prefetch: dict | None = None  # --prefetch-import: the modules imported and how many files went first
 
     @property
     def bytes_sent(self) -> int:
@@ -112,7 +113,8 @@ class PushReport:
                 "bytes_sent": self.bytes_sent, "retries": self.retries,
                 "seconds": round(self.seconds, 3), "blobs": [b.to_dict() for b in self.blobs],
                 "lock_tag": self.lock_tag or None,
-                **({"platforms": self.platforms} if self.platforms else {})}
+                **({"platforms": self.platforms} if self.platforms else {}),
+                **({"prefetch": self.prefetch} if self.prefetch else {})}
 
 
 class _FileSlice:
