@@ -13,7 +13,12 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(docker.io mmdebstrap zstd python3 python3-venv ca-certificates git gpgv gpg debian-archive-keyring
               skopeo docker-registry apache2-utils openssl buildah umoci systemd-container
               xz-utils pigz oci-image-tool jq iproute2 podman
-              qemu-user-static binfmt-support arch-test lxc)
+              qemu-user-static binfmt-support arch-test lxc
+              containerd stargz-snapshotter)
+# A lazy consumer of eStargz layers: stargz-snapshotter's daemon, which Debian does not ship, built from
+# the Go library Debian does (tools/stargz-grpc; its packages are listed there).
+mapfile -t STARGZ_BUILD < tools/stargz-grpc/APT_PACKAGES
+APT_PACKAGES+=("${STARGZ_BUILD[@]}")
 
 log() { printf '\033[1;36m[host]\033[0m %s\n' "$*" >&2; }
 
@@ -58,6 +63,15 @@ subid_ranges() {
   done
 }
 
+# tools/stargz-grpc built into the venv (tests/lazy_node.py and bench/lazy.py run it), again when main.go changed.
+build_stargz() {
+  local out=.venv/bin/stargz-grpc
+  if [ ! -x "$out" ] || [ tools/stargz-grpc/main.go -nt "$out" ]; then
+    log "building tools/stargz-grpc from Debian's Go packages"
+    tools/stargz-grpc/build.sh "$out" >/dev/null
+  fi
+}
+
 start_engine() {
   if /usr/bin/docker info >/dev/null 2>&1; then return; fi
   log "starting dockerd (log: /var/log/imagebuild-dockerd.log)"
@@ -73,6 +87,7 @@ install_packages
 register_binfmt
 subid_ranges
 make_venv
+build_stargz
 start_engine
 export IMAGEBUILD_DOCKER_CLI=/usr/bin/docker
 
