@@ -279,3 +279,15 @@ def test_docker_pulls_the_pushed_estargz_image_as_gzip_and_runs_it(engine, true_
         assert ran.returncode == 0 and failed.returncode == 1, (ran.stderr, failed.stderr)
     finally:
         subprocess.run([*docker, "rmi", "-f", ref], capture_output=True)
+
+
+def test_estargz_has_its_own_lock_tag_and_push_record_whatever_its_prefetch_list():
+    from imagebuild.flows import built
+    from imagebuild.flows.by_lock import lock_tag
+    lock = "e5" * 32
+    listed = ESTARGZ.with_prioritized(["usr/bin/python3"])
+    assert lock_tag(lock, "estargz") == lock_tag(lock, listed) == f"lock-{lock}-estargz"
+    built.record_push(lock, "127.0.0.1:5000/team/x", "sha256:" + "3" * 64, listed)
+    built.record_push(lock, "127.0.0.1:5000/team/x", "sha256:" + "4" * 64, GZIP)
+    assert built.pushed_digest(lock, "127.0.0.1:5000/team/x", "estargz") == "sha256:" + "3" * 64
+    assert built.pushed_digest(lock, "127.0.0.1:5000/team/x") == "sha256:" + "4" * 64
