@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -95,6 +96,20 @@ class LazyNode:
             elif entry.get("remote-snapshot-prepared") == "false":
                 failed.append(str(entry.get("error", "")))
         return done, failed
+
+
+    def prefetched(self) -> list[tuple[str, float, int]]:
+        """(layer digest, seconds, bytes) of each layer's prefetch, from the snapshotter's metrics lines."""
+        found = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            match = re.match(r"value=([0-9.]+) milliseconds; prefetch_size=(\d+) bytes", str(entry.get("msg", "")))
+            if entry.get("operation") == "prefetch_total" and match:
+                found.append((str(entry.get("layer_sha", "")), float(match[1]) / 1000, int(match[2])))
+        return found
 
 
 def _wait_for(path: Path, process: subprocess.Popen, log: Path, what: str) -> None:

@@ -62,6 +62,9 @@ def test_medians_and_the_ratio(lazy):
     assert lazy.ratio({"gzip": {"ready_s": 20.0, "bytes_by_ready": 1000},
                        "estargz": {"ready_s": 5.0, "bytes_by_ready": 250}}) == {"bytes_by_ready": 0.25, "ready_s": 0.25}
     assert lazy.ratio({"gzip": {"ready_s": 20.0, "bytes_by_ready": 1000}}) is None
+    assert lazy.ratio({"gzip": {"ready_s": 20.0, "bytes_by_ready": 1000},
+                       "estargz-no-background": {"ready_s": 8.0, "bytes_by_ready": 500}},
+                      "estargz-no-background") == {"bytes_by_ready": 0.5, "ready_s": 0.4}
 
 
 @settings(max_examples=200, deadline=None)
