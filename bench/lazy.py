@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 started = time.monotonic()
                 report = push(args.image, refs[kind], kind, args.module, tmp / "cache")
                 layers[kind] = image_layers(server.url, repo, "bench")
-                pushed[kind] = {"bytes_sent": report["bytes_sent"], "layer_bytes": sum(layers[kind].values()),
+                pushed[kind] = {"bytes_sent": report["bytes_sent"], "digest": report["digest"],
+                                "layer_bytes": sum(layers[kind].values()),
                                 "layers": len(layers[kind]), "push_s": round(time.monotonic() - started, 1),
                                 **({"prefetch": report["prefetch"]} if report.get("prefetch") else {})}
                 print(f"pushed {kind}: {pushed[kind]}", file=sys.stderr)

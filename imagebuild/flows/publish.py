@@ -39,8 +39,9 @@ def publish(source: str, reference: str, connection: Connection, options: PushOp
             folder = Path(tmp) / "layout"
             kind, reads = prefetching(compression, engine, source, prefetch_import)
             if reads:
-                progress(f"importing {', '.join(reads.modules)} in {source} read {len(reads.files)} files: "
-                         "each eStargz layer puts those it holds first")
+                progress(f"importing {', '.join(reads.modules)} in {source} read {len(reads.files)} files, which "
+                         f"each eStargz layer puts first, and touched {reads.chunks[0]} of {reads.chunks[1]} chunks "
+                         f"of {len(reads.lazy)} libraries left to be read as needed")
             exported = export_engine_image(engine, source, folder, progress, compression=kind)
         elif prefetch_import:
             raise ImagebuildError(f"{source} is an OCI layout: --prefetch-import records an import in an engine "
