@@ -51,7 +51,7 @@ class Compression:
         return self.name
 
     def with_prioritized(self, paths) -> "Compression":
-        """eStargz whose layers put these paths (a workload's files, in the order it read them) first."""
+        """eStargz whose layers put these paths (the files a workload reads) first, in this order."""
         if self.name != "estargz":
             raise CompressionError(f"only estargz layers take a prioritized file list, not {self.name}")
         return Compression(self.name, self.media_type, self.cache_key, tuple(paths))

@@ -195,7 +195,12 @@ def write_estargz(plain: BinaryIO, index: list[tuple[tarfile.TarInfo, int]], out
             del entry["chunkOffset"]
     members.close()
     toc_offset = members.offset
-    toc_json = json.dumps({"version": 1, "entries": toc}, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        toc_json = json.dumps({"version": 1, "entries": toc}, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        named = next(e["name"] for e in toc if not _utf8(e["name"]) or not _utf8(e.get("linkName", "")))
+        raise EstargzError(f"{named!r} is not UTF-8, and eStargz's TOC is JSON, which cannot name it: write this "
+                           "image with --compression gzip or zstd") from None
     toc_member = tarfile.TarInfo(TOC_NAME)
     toc_member.size = len(toc_json)
     members.write(toc_member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
@@ -204,6 +209,14 @@ def write_estargz(plain: BinaryIO, index: list[tuple[tarfile.TarInfo, int]], out
     out.write(footer(toc_offset))
     return EstargzLayer("sha256:" + members.plain.hexdigest(), "sha256:" + hashlib.sha256(toc_json).hexdigest(),
                         members.plain_size, moved)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _read_chunk(plain: BinaryIO, size: int, name: str) -> bytes:

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from imagebuild.image import compression, estargz, export, oci
 from imagebuild.image.compression import ESTARGZ, GZIP, CompressionError
 from imagebuild.image.estargz import EstargzError, read_toc, verify_chunks
-from imagebuild.image.normalize import index_layer
+from imagebuild.image.normalize import LayerError, index_layer
 from imagebuild.registry import Connection
 from tests.image.test_zstd import isolated, server, true_image  # noqa: F401  (fixtures)
 
@@ -172,6 +172,46 @@ def test_normalize_writes_estargz_with_its_annotations_and_the_layer_cache_keeps
     assert cache.get("e" * 64, oci.REPRO_EPOCH, tmp_path / "fresh" / "blobs", ESTARGZ) == layer
     manifest = oci.image_manifest(oci.Descriptor(oci.MEDIA_CONFIG, "sha256:" + "0" * 64, 2), [layer.descriptor])
     assert manifest["layers"][0]["annotations"][estargz.TOC_DIGEST] == layer.descriptor.annotations[estargz.TOC_DIGEST]
+
+
+def test_a_name_that_is_not_utf8_is_one_clear_error_not_a_traceback(tmp_path):
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT, encoding="utf-8",
+                      errors="surrogateescape") as tar:
+        info = tarfile.TarInfo("opt/caf\udce9.txt")  # the byte 0xE9: Latin-1, not UTF-8
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"ok"))
+    raw = tmp_path / "latin1.tar"
+    raw.write_bytes(out.getvalue())
+    with open(raw, "rb") as handle, pytest.raises(LayerError, match="not UTF-8.*--compression gzip"):
+        export.normalize_layer(handle, tmp_path / "blobs", epoch=oci.REPRO_EPOCH, compression=ESTARGZ)
+    with open(raw, "rb") as handle:  # gzip carries the name as the tar's bytes
+        assert export.normalize_layer(handle, tmp_path / "blobs", epoch=oci.REPRO_EPOCH, compression=GZIP)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files=st.dictionaries(st.text(alphabet="ab/é_.\udce9", min_size=1, max_size=12),
+                             st.binary(max_size=3 * 1024), max_size=6),
+       chunk=st.integers(min_value=1, max_value=2048), first=st.lists(st.text(alphabet="ab/é", max_size=6), max_size=3))
+def test_any_layer_round_trips_or_is_refused_with_a_layer_error(tmp_path, files, chunk, first):
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8",
+                      errors="surrogateescape") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    try:
+        blob, layer = written(tmp_path, out.getvalue() or layer_tar(), prioritized=first, chunk=chunk)
+    except (LayerError, EstargzError):  # a path with `..` or that is not UTF-8: one clear error
+        return
+    toc = read_toc(io.BytesIO(blob), "b")
+    assert toc.digest == layer.toc_digest
+    verify_chunks(io.BytesIO(blob), toc, "b")
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob)), encoding="utf-8", errors="surrogateescape") as tar:
+        for member in tar:
+            if member.isfile() and member.name in files:
+                assert tar.extractfile(member).read() == files[member.name]
 
 
 # ---------------------------------------------------------------- damaged blobs
