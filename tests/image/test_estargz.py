@@ -331,3 +331,20 @@ def test_estargz_has_its_own_lock_tag_and_push_record_whatever_its_prefetch_list
     built.record_push(lock, "127.0.0.1:5000/team/x", "sha256:" + "4" * 64, GZIP)
     assert built.pushed_digest(lock, "127.0.0.1:5000/team/x", "estargz") == "sha256:" + "3" * 64
     assert built.pushed_digest(lock, "127.0.0.1:5000/team/x") == "sha256:" + "4" * 64
+
+
+@pytest.mark.engine
+def test_build_by_lock_pushes_estargz_under_its_own_lock_tag_and_finds_it_again(engine, true_image, server, tmp_path):
+    from imagebuild.flows.by_lock import RegistryTarget, lock_tag, push_by_lock, reuse_by_lock
+    from tests.image.test_zstd import LOCK
+    target = RegistryTarget(f"{server.host}/team/by-lock", Connection(insecure_http=True), compression="estargz")
+    smoke = {"ok": True, "checks": [{"name": "true", "status": "pass"}]}
+    hit = push_by_lock(engine, true_image, target, LOCK, "estargz-run", smoke)
+    assert hit.lock_reference == f"{server.host}/team/by-lock:{lock_tag(LOCK, 'estargz')}"
+    again = export.export_layout(engine, true_image, tmp_path / "again", compression="estargz", cache=False)
+    assert hit.digest == again.manifest_digest
+    said: list[str] = []
+    found = reuse_by_lock(target, LOCK, "next-run", said.append, expected=hit.digest)
+    assert found is not None and found.digest == hit.digest, said
+    gzip_target = RegistryTarget(f"{server.host}/team/by-lock", Connection(insecure_http=True))
+    assert reuse_by_lock(gzip_target, LOCK, "gzip-run", said.append) is None
