@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from node import ACCESS, MARK, PassError, image_layers, import_command  # noqa: E402
+from node import MARK, PassError, image_layers, import_command, push  # noqa: E402
 from tests import lazy_node, registry_server  # noqa: E402
 
 KINDS = ("gzip", "estargz")
@@ -43,23 +41,9 @@ KINDS = ("gzip", "estargz")
 SETTINGS = {"estargz": "", "estargz-no-background": "no_background_fetch = true\n"}
 
 
-def push(image: str, ref: str, kind: str, module: str, cache: Path) -> dict:
-    extra = ["--prefetch-import", module] if kind == "estargz" else []
-    proc = subprocess.run([sys.executable, "-m", "imagebuild", "push", image, ref, "--insecure-http",
-                           "--compression", kind, *extra, "--json"], capture_output=True, text=True,
-                          env={**os.environ, "IMAGEBUILD_CACHE": str(cache)})
-    if proc.returncode != 0:
-        raise PassError(f"imagebuild push {kind} exited {proc.returncode}: {proc.stderr[-1500:]}")
-    return json.loads(proc.stdout)
-
-
 def served(log_text: str, layers: dict[str, int]) -> dict[str, list[tuple[int, int]]]:
     """(status, bytes) of each GET of each layer blob in an access-log excerpt."""
-    seen: dict[str, list[tuple[int, int]]] = {digest: [] for digest in layers}
-    for digest, status, size in ACCESS.findall(log_text):
-        if digest in seen:
-            seen[digest].append((int(status), int(size)))
-    return seen
+    return registry_server.blob_gets(log_text, layers)
 
 
 def check_pass(kind: str, gets: dict[str, list[tuple[int, int]]], layers: dict[str, int], output: str,
@@ -139,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                 repo = f"imagebuild-bench/lazy-{kind}"
                 refs[kind] = f"{server.host}/{repo}:bench"
                 started = time.monotonic()
-                report = push(args.image, refs[kind], kind, args.module, tmp / "cache")
+                extra = ("--prefetch-import", args.module) if kind == "estargz" else ()
+                report = push(args.image, refs[kind], kind, tmp / "cache", *extra)
                 layers[kind] = image_layers(server.url, repo, "bench")
                 pushed[kind] = {"bytes_sent": report["bytes_sent"], "digest": report["digest"],
                                 "layer_bytes": sum(layers[kind].values()),

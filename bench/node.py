@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -34,17 +33,13 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from registry_server import start_registry  # noqa: E402  (the tests' loopback registry, as bench/push.py)
+from registry_server import ACCESS, start_registry  # noqa: E402  (the tests' loopback registry, as bench/push.py)
 
 COMPRESSIONS = ("gzip", "zstd")
 MARK = "imagebuild-bench-imported"
 MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 DOCKER = os.environ.get("IMAGEBUILD_DOCKER_CLI", "docker")
-
-# docker-registry's access log (combined format): the request line, the status, the body bytes.
-ACCESS = re.compile(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" (200|206) (\d+)')
-
 
 class PassError(RuntimeError):
     """A pass that did not measure what it claims: a partial pull, an import that did not run."""
@@ -195,10 +190,10 @@ class Docker:
 
 # ---------------------------------------------------------------- one pass, the image, the table
 
-def push(image: str, ref: str, compression: str, cache: Path) -> dict:
+def push(image: str, ref: str, compression: str, cache: Path, *extra: str) -> dict:
     env = {**os.environ, "IMAGEBUILD_CACHE": str(cache)}
     proc = subprocess.run([sys.executable, "-m", "imagebuild", "push", image, ref, "--insecure-http",
-                           "--compression", compression, "--json"], capture_output=True, text=True, env=env)
+                           "--compression", compression, *extra, "--json"], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise PassError(f"imagebuild push {compression} exited {proc.returncode}: {proc.stderr[-1500:]}")
     return json.loads(proc.stdout)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -190,6 +191,19 @@ class Registry:
         if user:
             flags.append(f"--creds={user}:{self.users[user]}")
         return flags
+
+
+# docker-registry's access log (combined format): the request line, the status, the body bytes.
+ACCESS = re.compile(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" (200|206) (\d+)')
+
+
+def blob_gets(log_text: str, blobs) -> dict[str, list[tuple[int, int]]]:
+    """(status, bytes) of every GET of each of `blobs` (digests) in an access-log excerpt."""
+    seen: dict[str, list[tuple[int, int]]] = {digest: [] for digest in blobs}
+    for digest, status, size in ACCESS.findall(log_text):
+        if digest in seen:
+            seen[digest].append((int(status), int(size)))
+    return seen
 
 
 def start_registry(folder: Path, *, users: dict[str, str] | None = None, tls: Tls | None = None,

@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -31,9 +30,9 @@ from tests.image.test_zstd import isolated  # noqa: F401  (fixture)
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import lazy_node  # noqa: E402
+import registry_server  # noqa: E402
 
 MARK = "imagebuild-lazy-imported"
-ACCESS = re.compile(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" (200|206) (\d+)')
 pytestmark = pytest.mark.engine
 
 
@@ -79,12 +78,7 @@ def served(log: Path, since: int, blobs: dict[str, int]) -> dict[str, list[tuple
     """For each layer blob, the (status, bytes) of every GET the registry's access log shows after `since`."""
     with open(log, "rb") as handle:
         handle.seek(since)
-        text = handle.read().decode(errors="replace")
-    seen: dict[str, list[tuple[int, int]]] = {digest: [] for digest in blobs}
-    for digest, status, size in ACCESS.findall(text):
-        if digest in seen:
-            seen[digest].append((int(status), int(size)))
-    return seen
+        return registry_server.blob_gets(handle.read().decode(errors="replace"), blobs)
 
 
 def pushed(engine, image: str, tmp_path: Path, server, tag: str, kind) -> tuple[export.LayoutResult, str]:
