@@ -75,7 +75,8 @@ def parse_reads(stdout: str, modules: tuple[str, ...], image: str) -> ImportRead
     if not absolute:
         raise PrefetchError(f"{image}: importing {', '.join(modules)} read no file the recorder could see")
     lazy = [f for f in absolute if f in chunks and chunks[f][1] > 1 and chunks[f][0] < WHOLE_SHARE * chunks[f][1]]
-    whole = tuple(f for f in absolute if f not in set(lazy))
+    left = set(lazy)
+    whole = tuple(f for f in absolute if f not in left)
     counted = (sum(chunks[f][0] for f in lazy), sum(chunks[f][1] for f in lazy))
     return ImportReads(modules, whole, tuple(lazy), counted)
 
