@@ -14,6 +14,10 @@ the import's mark). A cold pull not served every layer, a second pull not served
 import that did not print its mark is an error, not a number; shared layers a consumer fetched again are
 reported by name (Docker 20.10 does: it keys a layer by its chain, every layer below it included).
 
+`--compression estargz --consumers podman-partial,...` adds Podman with containers-storage's partial pulls on:
+it reads each eStargz layer by range and fetches only the files no layer it holds has (by digest), so the
+second pull's bytes can be under its own layers' size; its passes must be served ranges only.
+
 Needs docker-registry, podman, ctr (containerd, here Docker's own at --containerd-address) and both images
 in the engine.
 """
@@ -22,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +54,44 @@ class Layer:
     digest: str
     size: int
     step: str  # what made it, from the config's history
+
+
+class PartialPodman(Podman):
+    """Podman whose store pulls partially (containers-storage's `enable_partial_images`): an eStargz layer's
+    footer and TOC by range, then only the chunks of files no layer it holds has (by digest). Its store and
+    run root are a temp folder's, named in a storage.conf of its own."""
+
+    name = "podman-partial"
+    partial = True
+    ranges_only = False  # set for eStargz images: every layer must then be read by range, none whole
+
+    def empty(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="ib-pp-"))  # Podman wants its run root path short
+        conf = self.root / "storage.conf"
+        conf.write_text(f'[storage]\ndriver = "{self.driver}"\nrunroot = "{self.root}/run"\ngraphroot = "{self.root}/graph"\n'
+                        '[storage.options]\npull_options = {enable_partial_images = "true", use_hard_links = "false", '
+                        'ostree_repos = ""}\n')
+        self.env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(conf)}
+        self.cli = ["podman", "--cgroup-manager", "cgroupfs", "--events-backend", "none"]
+        self.runroot = str(self.root / "run")
+
+    def run(self, *args: str) -> str:
+        proc = subprocess.run([*self.cli, *args], capture_output=True, text=True, env=self.env, timeout=1800)
+        if proc.returncode != 0:
+            raise PassError(f"podman {' '.join(args)} exited {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}")
+        return proc.stdout
+
+    def pull(self, ref: str) -> None:
+        self.run("pull", "-q", "--tls-verify=false", ref)
+
+    def start_import(self, ref: str, command: list[str]) -> str:
+        limits = ["--ulimit", "nproc=1024:1024", "--ulimit", "nofile=1024:1024", "--network", "none"]
+        return self.run("run", "--rm", *limits, ref, *command)
+
+    def clean(self) -> None:
+        subprocess.run([*self.cli, "rmi", "-a", "-f"], capture_output=True, env=self.env)  # this store's only
+        subprocess.run(["umount", "-R", str(self.root / "graph" / "overlay")], capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class DockerNode(Docker):
@@ -148,6 +193,7 @@ def check_cold(consumer: str, what: str, served: set[str], layers: list[Layer]) 
 
 
 def timed_pull(consumer, ref: str, sizes: dict[str, int], log: Path) -> tuple[float, set[str], int]:
+    """The pull's seconds, the layers it was served (whole; for a partial consumer, any part of) and the bytes."""
     offset = log.stat().st_size
     started = time.monotonic()
     consumer.pull(ref)
@@ -156,6 +202,11 @@ def timed_pull(consumer, ref: str, sizes: dict[str, int], log: Path) -> tuple[fl
     with open(log, "rb") as f:
         f.seek(offset)
         served = served_blobs(f.read().decode(errors="replace"), sizes)
+    if getattr(consumer, "partial", False):
+        if served.layers and consumer.ranges_only:
+            raise PassError(f"{consumer.name}: {len(served.layers)} layer(s) served whole: the partial pull did not "
+                            "happen (partial pulls off, or a layer without a TOC)")
+        return seconds, served.touched, served.bytes
     return seconds, served.layers, served.bytes
 
 
@@ -206,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("first", help="an image in the engine (the one a node already holds)")
     parser.add_argument("second", help="an image in the engine (the one the node pulls next)")
     parser.add_argument("--module", default="nvidia.cu13", help="what the container imports (the flagship: sglang)")
-    parser.add_argument("--compression", default="gzip", choices=("gzip", "zstd"))
+    parser.add_argument("--compression", default="gzip", choices=("gzip", "zstd", "estargz"))
     parser.add_argument("--consumers", default="podman,containerd,docker")
     parser.add_argument("--podman-driver", default="overlay")
     parser.add_argument("--containerd-address", default="/run/containerd/containerd.sock")
@@ -220,9 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         layer_cache = args.layer_cache or tmp / "cache"
         known = {"podman": lambda: Podman(tmp, args.podman_driver),
+                 "podman-partial": lambda: PartialPodman(tmp, args.podman_driver),
                  "containerd": lambda: Containerd(args.containerd_address, f"imagebuild-bench-{uuid.uuid4().hex[:6]}"),
                  "docker": DockerNode}
         consumers = [known[name]() for name in args.consumers.split(",")]
+        for consumer in consumers:
+            consumer.ranges_only = args.compression == "estargz"
         if args.compression == "zstd" and any(not c.reads_zstd for c in consumers):
             parser.error("Docker 20.10 reads no zstd layers: leave it out of --consumers")
         server = start_registry(tmp / "registry")

@@ -48,7 +48,8 @@ class PassError(RuntimeError):
 @dataclass
 class Served:
     bytes: int = 0
-    layers: set[str] = field(default_factory=set)
+    layers: set[str] = field(default_factory=set)  # served whole
+    touched: set[str] = field(default_factory=set)  # served anything: whole, or ranges of it (a partial pull)
 
 
 def served_blobs(log_text: str, layers: dict[str, int]) -> Served:
@@ -57,6 +58,7 @@ def served_blobs(log_text: str, layers: dict[str, int]) -> Served:
     for digest, status, size in ACCESS.findall(log_text):
         if digest in layers:
             served.bytes += int(size)
+            served.touched.add(digest)
             if status == "200" and int(size) == layers[digest]:
                 served.layers.add(digest)
     return served

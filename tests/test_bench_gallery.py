@@ -120,3 +120,36 @@ def test_the_second_push_must_find_the_shared_layers_and_send_its_own(gallery):
         gallery.check_second_push([blob(1, "uploaded", 100), blob(3, "uploaded", 60)], first, second)
     with pytest.raises(gallery.PassError, match="did not upload 1 of its own"):
         gallery.check_second_push([blob(1, "exists", 0), config], first, second)
+
+
+def access_line(n: int, status: int, size: int) -> str:
+    return f'127.0.0.1 - - [07/Dec/2026:02:30:27 +0000] "GET /v2/x/blobs/{digest(n)} HTTP/1.1" {status} {size} "" "podman"\n'
+
+
+@pytest.mark.parametrize("ranges_only", [True, False])
+def test_a_partial_consumer_counts_ranged_layers_and_an_estargz_pass_served_a_whole_layer_is_an_error(
+        gallery, tmp_path, ranges_only):
+    """podman-partial: a layer served only ranges is a layer it pulled (plain Podman's count would miss it); for
+    eStargz images, a layer served whole means the partial pull did not happen, and the pass is refused."""
+    log = tmp_path / "access.log"
+    log.write_text("")
+    node = gallery.PartialPodman(tmp_path, "overlay")
+    node.ranges_only = ranges_only
+    served_lines = [access_line(3, 206, 51), access_line(3, 206, 900), access_line(3, 206, 4000)]
+
+    def pulled(ref):  # each pull appends its lines, as the server does
+        with log.open("a") as handle:
+            handle.write("".join(served_lines))
+
+    node.pull = pulled
+    seconds, served, sent = gallery.timed_pull(node, "ref", {digest(3): 60_000, digest(1): 100}, log)
+    assert served == {digest(3)} and sent == 4951
+    plain = gallery.Podman(tmp_path, "overlay")
+    plain.pull = pulled
+    assert gallery.timed_pull(plain, "ref", {digest(3): 60_000}, log)[1] == set()  # ranges are no whole layer
+    served_lines.append(access_line(1, 200, 100))
+    if ranges_only:
+        with pytest.raises(gallery.PassError, match="1 layer\\(s\\) served whole: the partial pull did not happen"):
+            gallery.timed_pull(node, "ref", {digest(3): 60_000, digest(1): 100}, log)
+    else:
+        assert gallery.timed_pull(node, "ref", {digest(3): 60_000, digest(1): 100}, log)[1] == {digest(1), digest(3)}
