@@ -123,6 +123,7 @@ def split_ref(ref: str) -> tuple[str, str]:
 class Engine(abc.ABC):
     name: str = "engine"
     writes_cache: bool = False  # True: build() itself writes BuildCache.target
+    reads_files: bool = False  # True: read_file() reads one file without streaming the whole image out
 
     @property
     def local(self) -> bool:
@@ -184,6 +185,14 @@ class Engine(abc.ABC):
         from imagebuild.errors import ImagebuildError
         raise ImagebuildError(f"the {self.name} engine cannot export an image's filesystem")
         yield  # pragma: no cover
+
+    def read_file(self, image: str, path: str) -> bytes | None:
+        """One regular file of the image's filesystem (`path` absolute), read without running anything of the
+        image and without streaming the rest of it out; None when the image holds no regular file there (a
+        directory, a link, nothing). Only where `reads_files`; verify.image_file reads the others' images
+        whole."""
+        from imagebuild.errors import ImagebuildError
+        raise ImagebuildError(f"the {self.name} engine cannot read one file of an image")
 
     def save(self, image: str) -> contextlib.AbstractContextManager[BinaryIO]:
         """The image as a `docker save` archive stream (manifest.json, config, one tar per layer),

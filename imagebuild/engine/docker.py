@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
@@ -22,6 +23,8 @@ from imagebuild.engine.build_log import BUILD_LOG_LINES, TAIL_SHOWN, build_failu
 from imagebuild.engine.streams import command_stream, run_streaming, widen_pipe
 from imagebuild.errors import BuildFailed, EngineUnavailable, ImageNotFound, ToolMissing
 
+# read_file keeps a copied file's tar in memory up to this size, then spills it to a temp file.
+_READ_IN_MEMORY = 8 << 20
 # Debian's docker.io CLI (20.10) runs BuildKit builds itself; newer CLIs need the buildx plugin.
 _CLI_CANDIDATES = ("/usr/bin/docker", "docker")
 _START_HINT = ("start one: as root, `dockerd >/var/log/dockerd.log 2>&1 &` (Debian package docker.io) "
@@ -65,6 +68,7 @@ def docker_size(text: str) -> int:
 
 class DockerEngine(Engine):
     name = "docker"
+    reads_files = True
 
     def __init__(self, cli: str | None = None, host: str | None = None):
         self._cli = cli
@@ -263,6 +267,29 @@ class DockerEngine(Engine):
         finally:
             self.client.api.remove_container(container, force=True)
 
+    def read_file(self, image: str, path: str) -> bytes | None:
+        """A container is created (never started), the one path copied out of it (the archive API behind
+        `docker cp`), and it is removed: only that file leaves the engine. The answer is a tar of that path
+        alone; anything but one regular file in it is None."""
+        try:
+            container = self.client.api.create_container(
+                image, command=["/.imagebuild-read"], labels={"io.imagebuild.role": "read"},
+                network_disabled=True)["Id"]
+        except docker.errors.ImageNotFound:
+            raise ImageNotFound(image, self.name) from None
+        try:
+            try:
+                chunks, _ = self.client.api.get_archive(container, path)
+            except docker.errors.NotFound:
+                return None
+            with tempfile.SpooledTemporaryFile(max_size=_READ_IN_MEMORY) as spool:
+                for chunk in chunks:
+                    spool.write(chunk)
+                spool.seek(0)
+                return only_file(spool, f"{image}:{path}")
+        finally:
+            self.client.api.remove_container(container, force=True)
+
     @contextlib.contextmanager
     def save(self, image: str) -> Iterator[BinaryIO]:
         """`docker save` as a stream: layers are never held in memory."""
@@ -307,6 +334,18 @@ class DockerEngine(Engine):
         if proc.returncode != 0:
             raise BuildFailed(f"docker import of {tar} failed: {proc.stderr.strip()}")
         return proc.stdout.strip()
+
+
+def only_file(archive: BinaryIO, where: str) -> bytes | None:
+    """The file of a one-path archive (what the engine's archive API answers for a path): its bytes when its
+    first entry is a regular file, else None. An archive that does not read is the engine's fault, said
+    as one error."""
+    try:
+        with tarfile.open(fileobj=archive, mode="r|") as tar:
+            member = tar.next()
+            return tar.extractfile(member).read() if member is not None and member.isfile() else None
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise BuildFailed(f"the engine's copy of {where} is not a readable tar: {error}") from None
 
 
 def load_rootfs(engine: DockerEngine, tar: Path, ref: str, arch: str) -> str:

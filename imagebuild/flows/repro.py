@@ -60,10 +60,7 @@ def image_lock(engine, image: str, explicit: Path | None) -> Lock:
     """--lock when given, else the lock.json the image carries."""
     if explicit:
         return read_lock(explicit)
-    if verify.is_layout(image):
-        data = verify.layout_file(Path(image.removeprefix("oci:")), IMAGE_LOCK)
-    else:
-        data = verify.image_files(engine, image, keep=lambda path: path == IMAGE_LOCK).contents.get(IMAGE_LOCK)
+    data = verify.image_file(engine, image, IMAGE_LOCK)
     if data is None:
         raise ImagebuildError(f"{image} carries no /{IMAGE_LOCK}: pass --lock LOCK")
     return parse_lock(data.decode("utf-8", "replace"), f"{image}:/{IMAGE_LOCK}")
@@ -71,11 +68,7 @@ def image_lock(engine, image: str, explicit: Path | None) -> Lock:
 
 def image_kernels(engine, image: str) -> list[dict]:
     """The prebuilt kernels an image's manifest lists ([aot]); [] for an image without one."""
-    if verify.is_layout(image):
-        data = verify.layout_file(Path(image.removeprefix("oci:")), sbom.KERNEL_MANIFEST)
-    else:
-        data = verify.image_files(engine, image, keep=lambda path: path == sbom.KERNEL_MANIFEST
-                                  ).contents.get(sbom.KERNEL_MANIFEST)
+    data = verify.image_file(engine, image, sbom.KERNEL_MANIFEST)
     return [] if data is None else sbom.parse_kernel_manifest(data, f"{image}:/{sbom.KERNEL_MANIFEST}")
 
 

@@ -179,6 +179,17 @@ def image_files(engine, ref: str, keep: Callable[[str], bool] = lambda _: False)
     return ImageFiles(saved.config, files, contents)
 
 
+def image_file(engine, ref: str, path: str) -> bytes | None:
+    """One regular file (`path`, relative to the root) of an engine image or an OCI layout; None when it holds
+    none there. An engine that reads one file (Docker: a created container's archive) sends only that file; for
+    the others, and a layout, the image is read layer by layer, the file kept alone."""
+    if is_layout(ref):
+        return layout_file(Path(ref[4:] if ref.startswith("oci:") else ref), path)
+    if engine.reads_files:
+        return engine.read_file(ref, "/" + path)
+    return image_files(engine, ref, keep=lambda p: p == path).contents.get(path)
+
+
 def layout_file(layout_dir: Path, path: str) -> bytes | None:
     """One file of a layout's image, looked for from the top layer down (the top is usually small)."""
     layout = read_image(Path(layout_dir))
