@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from imagebuild.render.markers import parse_marker  # noqa: E402  (`: imagebuild-step=install layer=kernels ...`)
 from node import (MARK, Containerd, Docker, PassError, Podman, image_manifest, import_command, push,  # noqa: E402
                   served_blobs, start_registry)
+from podman_store import PodmanStore  # noqa: E402  (tests/: a Podman store of its own)
 
 REPOSITORY = "imagebuild-bench/gallery"
 TAGS = ("first", "second")
@@ -58,40 +56,22 @@ class Layer:
 
 class PartialPodman(Podman):
     """Podman whose store pulls partially (containers-storage's `enable_partial_images`): an eStargz layer's
-    footer and TOC by range, then only the chunks of files no layer it holds has (by digest). Its store and
-    run root are a temp folder's, named in a storage.conf of its own."""
+    footer and TOC by range, then only the chunks of files no layer it holds has (by digest). Its store is a
+    temp folder's (tests/podman_store.py)."""
 
     name = "podman-partial"
     partial = True
-    ranges_only = False  # set for eStargz images: every layer must then be read by range, none whole
+
+    def __init__(self, folder: Path, driver: str, ranges_only: bool = False):
+        super().__init__(folder, driver)
+        self.ranges_only = ranges_only  # eStargz images: every layer must be read by range, none whole
 
     def empty(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="ib-pp-"))  # Podman wants its run root path short
-        conf = self.root / "storage.conf"
-        conf.write_text(f'[storage]\ndriver = "{self.driver}"\nrunroot = "{self.root}/run"\ngraphroot = "{self.root}/graph"\n'
-                        '[storage.options]\npull_options = {enable_partial_images = "true", use_hard_links = "false", '
-                        'ostree_repos = ""}\n')
-        self.env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(conf)}
-        self.cli = ["podman", "--cgroup-manager", "cgroupfs", "--events-backend", "none"]
-        self.runroot = str(self.root / "run")
-
-    def run(self, *args: str) -> str:
-        proc = subprocess.run([*self.cli, *args], capture_output=True, text=True, env=self.env, timeout=1800)
-        if proc.returncode != 0:
-            raise PassError(f"podman {' '.join(args)} exited {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}")
-        return proc.stdout
-
-    def pull(self, ref: str) -> None:
-        self.run("pull", "-q", "--tls-verify=false", ref)
-
-    def start_import(self, ref: str, command: list[str]) -> str:
-        limits = ["--ulimit", "nproc=1024:1024", "--ulimit", "nofile=1024:1024", "--network", "none"]
-        return self.run("run", "--rm", *limits, ref, *command)
+        self.store = PodmanStore.create(partial=True, driver=self.driver)
+        self.cli, self.env = self.store.command(), self.store.env
 
     def clean(self) -> None:
-        subprocess.run([*self.cli, "rmi", "-a", "-f"], capture_output=True, env=self.env)  # this store's only
-        subprocess.run(["umount", "-R", str(self.root / "graph" / "overlay")], capture_output=True)
-        shutil.rmtree(self.root, ignore_errors=True)
+        self.store.remove()
 
 
 class DockerNode(Docker):
@@ -271,12 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         layer_cache = args.layer_cache or tmp / "cache"
         known = {"podman": lambda: Podman(tmp, args.podman_driver),
-                 "podman-partial": lambda: PartialPodman(tmp, args.podman_driver),
+                 "podman-partial": lambda: PartialPodman(tmp, args.podman_driver, args.compression == "estargz"),
                  "containerd": lambda: Containerd(args.containerd_address, f"imagebuild-bench-{uuid.uuid4().hex[:6]}"),
                  "docker": DockerNode}
         consumers = [known[name]() for name in args.consumers.split(",")]
-        for consumer in consumers:
-            consumer.ranges_only = args.compression == "estargz"
         if args.compression == "zstd" and any(not c.reads_zstd for c in consumers):
             parser.error("Docker 20.10 reads no zstd layers: leave it out of --consumers")
         server = start_registry(tmp / "registry")

@@ -90,8 +90,8 @@ def ratios(rows: dict[str, dict]) -> dict | None:
     return {key: round(zs[key] / gz[key], 3) for key in ("bytes_pulled", "pull_s", "ready_s")}
 
 
-def run(*command: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+def run(*command: str, timeout: float = 1800, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     if proc.returncode != 0:
         raise PassError(f"{' '.join(command)} exited {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}")
     return proc
@@ -107,6 +107,7 @@ def import_command(module: str) -> list[str]:
 class Podman:
     name = "podman"
     reads_zstd = True
+    env = None  # the environment podman runs in (None: this process's)
 
     def __init__(self, folder: Path, driver: str):
         self.folder, self.driver = folder, driver
@@ -119,11 +120,11 @@ class Podman:
         self.root = root
 
     def pull(self, ref: str) -> None:
-        run(*self.cli, "pull", "-q", "--tls-verify=false", ref)
+        run(*self.cli, "pull", "-q", "--tls-verify=false", ref, env=self.env)
 
     def start_import(self, ref: str, command: list[str]) -> str:
         limits = ["--ulimit", "nproc=1024:1024", "--ulimit", "nofile=1024:1024", "--network", "none"]
-        return run(*self.cli, "run", "--rm", *limits, ref, *command).stdout
+        return run(*self.cli, "run", "--rm", *limits, ref, *command, env=self.env).stdout
 
     def clean(self) -> None:
         subprocess.run([*self.cli, "rmi", "-a", "-f"], capture_output=True)

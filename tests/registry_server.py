@@ -192,6 +192,12 @@ class Registry:
             flags.append(f"--creds={user}:{self.users[user]}")
         return flags
 
+    def blob_gets_since(self, offset: int, blobs) -> dict[str, list[tuple[int, int]]]:
+        """blob_gets over what the access log says after `offset` (its size before the requests in question)."""
+        with open(self.log, "rb") as handle:
+            handle.seek(offset)
+            return blob_gets(handle.read().decode(errors="replace"), blobs)
+
 
 # docker-registry's access log (combined format): the request line, the status, the body bytes.
 ACCESS = re.compile(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" (200|206) (\d+)')

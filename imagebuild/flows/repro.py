@@ -142,7 +142,7 @@ def image_sbom(engine, image: str, out: Path, *, lock: Path | None = None) -> Sb
     """A CycloneDX SBOM of an image from its lock (--lock, else the one it carries), written to `out`;
     an OCI layout gets it attached too."""
     lock_value = image_lock(engine, image, lock)
-    layout_dir = Path(image.removeprefix("oci:")) if verify.is_layout(image) else None
+    layout_dir = verify.layout_path(image) if verify.is_layout(image) else None
     digest = None
     if layout_dir is not None:
         layout = read_image(layout_dir)

@@ -161,10 +161,15 @@ def is_layout(ref: str) -> bool:
     return ref.startswith("oci:") or (Path(ref) / "oci-layout").is_file()
 
 
+def layout_path(ref: str) -> Path:
+    """The folder a layout reference names (`oci:DIR` or DIR)."""
+    return Path(ref.removeprefix("oci:"))
+
+
 def image_files(engine, ref: str, keep: Callable[[str], bool] = lambda _: False) -> ImageFiles:
     """The merged filesystem of an engine image or an OCI layout."""
     if is_layout(ref):
-        layout = read_image(Path(ref[4:] if ref.startswith("oci:") else ref))
+        layout = read_image(layout_path(ref))
         layers = []
         for desc in layout.layers:
             with layer_stream(layout, desc) as stream:
@@ -184,7 +189,7 @@ def image_file(engine, ref: str, path: str) -> bytes | None:
     none there. An engine that reads one file (Docker: a created container's archive) sends only that file; for
     the others, and a layout, the image is read layer by layer, the file kept alone."""
     if is_layout(ref):
-        return layout_file(Path(ref[4:] if ref.startswith("oci:") else ref), path)
+        return layout_file(layout_path(ref), path)
     if engine.reads_files:
         return engine.read_file(ref, "/" + path)
     return image_files(engine, ref, keep=lambda p: p == path).contents.get(path)

@@ -30,7 +30,6 @@ from tests.image.test_zstd import isolated  # noqa: F401  (fixture)
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import lazy_node  # noqa: E402
-import registry_server  # noqa: E402
 
 MARK = "imagebuild-lazy-imported"
 pytestmark = pytest.mark.engine
@@ -74,13 +73,6 @@ def python_image(engine, tmp_path_factory):
         engine.remove(tag)
 
 
-def served(log: Path, since: int, blobs: dict[str, int]) -> dict[str, list[tuple[int, int]]]:
-    """For each layer blob, the (status, bytes) of every GET the registry's access log shows after `since`."""
-    with open(log, "rb") as handle:
-        handle.seek(since)
-        return registry_server.blob_gets(handle.read().decode(errors="replace"), blobs)
-
-
 def pushed(engine, image: str, tmp_path: Path, server, tag: str, kind) -> tuple[export.LayoutResult, str]:
     layout = export.export_layout(engine, image, tmp_path / tag, compression=kind, cache=False)
     ref = f"{server.host}/team/lazy:{tag}"
@@ -102,7 +94,7 @@ def test_the_snapshotter_verifies_imagebuild_s_toc_mounts_lazily_and_runs_the_im
     said = node.run(ref, "python3", "-c", f"import csv; print({MARK!r}, csv.__name__)")
     assert f"{MARK} csv" in said
     assert node.prepared(logged) == (2, []), node.log.read_text()[-3000:]  # both layers verified, mounted remotely
-    gets = served(registry.log, since, blobs)
+    gets = registry.blob_gets_since(since, blobs)
     assert all({status for status, _ in gets[digest]} == {206} for digest in blobs), gets  # ranges, never a blob
     fetched = {digest: sum(n for _, n in gets[digest]) for digest in blobs}
     stdlib = max(blobs, key=blobs.get)  # the interpreter's layer is all prefetched (all of it is read)
@@ -119,7 +111,7 @@ def test_a_plain_gzip_image_is_not_mounted_remotely_and_travels_whole(engine, py
     assert f"{MARK} csv" in node.run(ref, "python3", "-c", f"import csv; print({MARK!r}, csv.__name__)")
     done, failed = node.prepared(logged)
     assert done == 0 and len(failed) == 2, (done, failed)
-    gets = served(registry.log, since, blobs)
+    gets = registry.blob_gets_since(since, blobs)
     assert all((200, size) in gets[digest] for digest, size in blobs.items()), gets
 
 

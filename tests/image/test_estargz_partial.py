@@ -16,15 +16,14 @@ import os
 import shutil
 import subprocess
 import tarfile
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from imagebuild.image import export
 from imagebuild.registry import Connection, push
-from tests import registry_server
 from tests.conftest import cannot_run
+from tests.podman_store import PodmanStore
 
 pytestmark = pytest.mark.engine
 FILE_BYTES = 6 << 20
@@ -32,22 +31,16 @@ SHARED = ("data/x", "data/y")
 
 
 class PodmanNode:
-    """Podman with a store of its own (storage.conf: graph root, run root, partial pulls on or off); nothing of
-    the machine's own Podman store is touched, and the store is removed afterwards."""
+    """Podman on a store of its own (tests/podman_store.py), partial pulls on or off, removed afterwards."""
 
     def __init__(self, partial: bool):
         if shutil.which("podman") is None:
             cannot_run("podman is not installed", "scripts/host.sh (apt-get install -y podman)")
-        self.folder = Path(tempfile.mkdtemp(prefix="ib-pp-"))  # a short path: Podman wants its run root short
-        conf = self.folder / "storage.conf"
-        conf.write_text(f'[storage]\ndriver = "overlay"\nrunroot = "{self.folder}/run"\ngraphroot = "{self.folder}/graph"\n'
-                        f'[storage.options]\npull_options = {{enable_partial_images = "{str(partial).lower()}", '
-                        'use_hard_links = "false", ostree_repos = ""}\n')
-        self.env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(conf)}
+        self.store = PodmanStore.create(partial=partial)
 
     def podman(self, *args: str) -> subprocess.CompletedProcess:
-        done = subprocess.run(["podman", "--cgroup-manager", "cgroupfs", "--events-backend", "none", *args],
-                              capture_output=True, text=False, env=self.env, timeout=300)
+        done = subprocess.run(self.store.command(*args), capture_output=True, text=False, env=self.store.env,
+                              timeout=300)
         assert done.returncode == 0, f"podman {' '.join(args)!r}: {done.stderr.decode(errors='replace')[-1500:]}"
         return done
 
@@ -67,9 +60,7 @@ class PodmanNode:
                     if m.isfile() and m.name.startswith("data/")}  # an eStargz blob unpacked whole has its TOC too
 
     def close(self) -> None:
-        subprocess.run(["podman", "rmi", "-a", "-f"], capture_output=True, env=self.env)  # this store's only
-        subprocess.run(["umount", "-R", str(self.folder / "graph" / "overlay")], capture_output=True)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.store.remove()
 
 
 @pytest.fixture(scope="module")
@@ -115,10 +106,7 @@ def second_pull(node: PodmanNode, refs, registry) -> list[tuple[int, int]]:
     node.pull(refs["first"][0])
     since = registry.log.stat().st_size
     node.pull(refs["second"][0])
-    with open(registry.log, "rb") as handle:
-        handle.seek(since)
-        log = handle.read().decode(errors="replace")
-    return registry_server.blob_gets(log, [refs["second"][1]])[refs["second"][1]]
+    return registry.blob_gets_since(since, [refs["second"][1]])[refs["second"][1]]
 
 
 def test_podman_pulls_only_the_files_the_second_image_changes(engine, images, registry, tmp_path):
