@@ -4,10 +4,11 @@ tests/flows/test_flagship_lock.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from imagebuild.image.sbom import build_sbom
 from imagebuild.image.verify import verify_image
 from imagebuild.lock import read_lock
 from imagebuild.render import site_packages
-from tests.flows.test_flagship_lock import without_aot
+from imagebuild.render.paths import PATCHER, PATCHES
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "sglang-blackwell.toml"
@@ -73,27 +74,40 @@ def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine, user_image, flags
     check_zero_jit(engine, report.image, checks["zero-jit"])
 
 
-def derived_zero_jit(engine, image: str, tmp_path: Path, name: str, step: str, files: dict | None = None,
-                     check: str = "zero-jit") -> dict:
-    """A check (zero-jit by default) of an image made FROM the flagship with one RUN step (and `files`
-    copied to /tmp/derived/ first); the probe runs that check alone (--only): the others are not in question."""
+@contextlib.contextmanager
+def derived(engine, image: str, tmp_path: Path, name: str, step: str, files: dict | None = None) -> Iterator[str]:
+    """An image made FROM `image` with one RUN step (and `files` copied to /tmp/derived/ first), removed after."""
     context = tmp_path / name
     context.mkdir()
     for file_name, text in (files or {}).items():
         (context / file_name).write_text(text)
     copy = "COPY . /tmp/derived/\n" if files else ""
     (context / "Dockerfile").write_text(f"FROM {image}\n{copy}RUN {step}\n")
-    ref = f"imagebuild-test/zero-jit-{name}:{os.getpid()}"
+    ref = f"imagebuild-test/derived-{name}:{os.getpid()}"
     made = subprocess.run(["/usr/bin/docker", "build", "-q", "-t", ref, str(context)], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     try:
-        done = engine.run(ref, ["python", "/opt/imagebuild/probe.pyz", "--expect", "/opt/imagebuild/expect.json",
-                                "--only", check], timeout=1800)
-        (found,) = json.loads(done.stdout)["checks"]
-        assert found["name"] == check
-        return found
+        yield ref
     finally:
         engine.remove(ref)
+
+
+def probe_only(engine, image: str, *checks: str) -> tuple[dict, object]:
+    """The image's own probe running `checks` alone (--only), as the smoke test runs them: ({name: check}, the run)."""
+    only = [arg for check in checks for arg in ("--only", check)]
+    done = engine.run(image, ["python", "/opt/imagebuild/probe.pyz", "--expect", "/opt/imagebuild/expect.json", *only],
+                      timeout=1800)
+    found = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert set(found) == set(checks), found
+    return found, done
+
+
+def derived_zero_jit(engine, image: str, tmp_path: Path, name: str, step: str, files: dict | None = None,
+                     check: str = "zero-jit") -> dict:
+    """A check (zero-jit by default) of an image made FROM the flagship with one RUN step; the probe runs that
+    check alone (--only): the others are not in question."""
+    with derived(engine, image, tmp_path, name, step, files) as ref:
+        return probe_only(engine, ref, check)[0][check]
 
 
 GPU_KERNELS_TOLD_A_GPU = """
@@ -248,26 +262,43 @@ def check_zero_jit(engine, image: str, check: dict) -> None:
     assert deep_gemm["status"] == "pass" and "SGLANG_ENABLE_JIT_DEEPGEMM=0" in deep_gemm["detail"]
 
 
+# The recipe's patch taken back out of the built flagship: each hunk reversed and applied exactly by the image's own
+# patcher (payload/apply_patch.py, kept in the image), so the file is FlashInfer's release as the wheel ships it.
+UNPATCH = """
+import os, sys
+patcher, site, patch = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(patcher))
+from apply_patch import apply_to_text, parse_patch
+for file_patch in parse_patch(open(patch).read()):
+    for hunk in file_patch.hunks:
+        hunk.old_start, hunk.new_start, hunk.old_count, hunk.new_count = (hunk.new_start, hunk.old_start,
+                                                                          hunk.new_count, hunk.old_count)
+        hunk.lines = [({"-": "+", "+": "-"}.get(op, op), text) for op, text in hunk.lines]
+    path = f"{site}/{file_patch.target(1)}"
+    with open(path) as handle:
+        text = apply_to_text(file_patch, handle.read(), path)
+    with open(path, "w") as handle:
+        handle.write(text)
+    print("unpatched", path)
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.engine
-def test_without_the_patch_the_dynamo_tier_fails(engine, write_recipe):
-    """Tier 2 can fail: the same stack with FlashInfer unpatched breaks under torch.compile(fullgraph)."""
-    text = re.sub(r"\[\[patches\]\]\n.*?\n\n", "", RECIPE.read_text(), flags=re.S)
-    text = without_aot(text)  # the kernels are not what this test is about, and take minutes to compile
-    name = f"imagebuild-test/sglang-unpatched-{os.getpid()}"
-    text = text.replace('name = "imagebuild/sglang-blackwell"', f'name = "{name}"')
-    recipe = write_recipe(text, "sglang-unpatched")
-    report = flows.build(recipe, engine, flows.BuildOptions(run_smoke=False))
-    try:
-        # The two tiers in question, run by the image's own probe as the smoke test runs it (the others pass
+def test_without_the_patch_the_dynamo_tier_fails(engine, flagship, tmp_path):
+    """Tier 2 can fail: the same stack with FlashInfer's file as released breaks under torch.compile(fullgraph).
+    The flagship with the patch reversed in one step (a build of the recipe without its patch took 145 s here)."""
+    lock = read_lock(REPO / "lockfiles" / "sglang-blackwell.lock")
+    (patch,) = lock.patches
+    site = site_packages(lock)
+    step = (f"python /tmp/derived/unpatch.py {PATCHER} {site} {PATCHES}/{patch.file} && rm -r /tmp/derived && "
+            f"! grep -q FLASHINFER_CUDA_VERSION {site}/flashinfer/jit/cpp_ext.py")
+    with derived(engine, flagship.image, tmp_path, "unpatched", step, {"unpatch.py": UNPATCH}) as ref:
+        # The two tiers in question, run by the image's own probe as the smoke test runs them (the others pass
         # on the patched flagship and are not what this test is about).
-        done = engine.run(report.image, ["python", "/opt/imagebuild/probe.pyz", "--expect", "/opt/imagebuild/expect.json",
-                                         "--only", "flashinfer-dynamo", "--only", "torch-cuda"], timeout=1800)
-        smoke = json.loads(done.stdout)
-        checks = {c["name"]: c for c in smoke["checks"]}
-        assert set(checks) == {"flashinfer-dynamo", "torch-cuda"}
+        checks, done = probe_only(engine, ref, "flashinfer-dynamo", "torch-cuda")
         assert checks["flashinfer-dynamo"]["status"] == "fail"
         assert "get_cuda_version" in checks["flashinfer-dynamo"]["detail"]
-        assert checks["torch-cuda"]["status"] == "pass" and not smoke["ok"] and done.exit_code == 1
-    finally:
-        engine.remove(report.image)
+        assert checks["torch-cuda"]["status"] == "pass" and not json.loads(done.stdout)["ok"] and done.exit_code == 1
+    # The control: the flagship itself, with the patch, passes the same tier (its smoke test ran it).
+    assert {c["name"]: c["status"] for c in flagship.smoke.report["checks"]}["flashinfer-dynamo"] == "pass"
