@@ -106,15 +106,7 @@ case "${1:-}" in
         # disk as much as on the cores: two files at a time overlap those waits (docs/ci.md measures it).
         # IMAGEBUILD_TEST_WORKERS=N (0: one process), or -n / -p no:xdist in the arguments, sets it otherwise.
         # The files' order is tests/conftest.py's (longest first); xdist must not reorder them.
-        # One more worker, at low CPU priority, takes only the files that use neither the engine nor the slow
-        # tier, on the cores the others leave while they wait (tests/scheduling.py); IMAGEBUILD_TEST_BACKGROUND=0: none.
-        workers=${IMAGEBUILD_TEST_WORKERS:-2}
-        if ((!parallel && workers > 0)) && [[ "${IMAGEBUILD_TEST_BACKGROUND:-1}" == 1 ]]; then
-          export IMAGEBUILD_TEST_BACKGROUND=1; workers=$((workers + 1))
-        else
-          export IMAGEBUILD_TEST_BACKGROUND=0
-        fi
-        ((parallel)) || set -- -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
+        ((parallel)) || set -- -n "${IMAGEBUILD_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
         exec .venv/bin/python -m pytest "$@" ;;
   imagebuild) shift; exec .venv/bin/imagebuild "$@" ;;
   "") log "set up; run 'scripts/host.sh test' or 'scripts/host.sh imagebuild build RECIPE'" ;;

@@ -13,7 +13,7 @@ from typing import NoReturn
 import pytest
 from hypothesis import settings
 
-from tests import engine_daemon, engine_leftovers, registry_server, scheduling, timeline
+from tests import engine_daemon, engine_leftovers, registry_server, timeline
 
 # No per-example deadline: a property must hold, not run fast (a loaded CI machine is not a failure).
 settings.register_profile("imagebuild", deadline=None)
@@ -61,8 +61,6 @@ LONGEST_FIRST = ("tests/slow/test_flagship.py", "tests/slow/test_zero_jit_releas
 def pytest_configure(config):
     if os.environ.get(timeline.ENV):  # .ci/run sets it: where the run's minutes went, per worker
         config.pluginmanager.register(timeline, "imagebuild-timeline")
-    # scripts/host.sh's third worker, at low priority, for the files that need only the CPU (tests/scheduling.py).
-    config.pluginmanager.register(scheduling, "imagebuild-scheduling")
     # Under CI (or on request), what the run left in the engine is said at its end; once, by the controller.
     if (under_ci() or os.environ.get("IMAGEBUILD_ENGINE_REPORT") == "1") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(engine_leftovers.Reporter(), "imagebuild-engine-leftovers")
@@ -79,7 +77,7 @@ def pytest_collection_modifyitems(config, items):
     def rank(path: str) -> tuple[int, int]:
         marks = {mark.name for item in files[path] for mark in item.iter_markers()}
         first = LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
-        return (0 if path in LONGEST_FIRST else 1 if "slow" in marks else 3 if scheduling.is_pure(marks) else 2, first)
+        return (0 if path in LONGEST_FIRST else 1 if "slow" in marks else 2 if "engine" in marks else 3, first)
 
     items[:] = [item for path in sorted(files, key=rank) for item in files[path]]
 
