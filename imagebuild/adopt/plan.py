@@ -20,7 +20,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from imagebuild.adopt.inventory import AdoptError, Installed, Inventory
-from imagebuild.adopt.requires import dependents, needs_of, required, top_level
+from imagebuild.adopt.requires import dependents, needs_of, reach, required, top_level
 from imagebuild.common import MACHINES, host_arch
 from imagebuild.knowledge.facts import load_facts
 from imagebuild.recipe.cuda import Arch, CudaVersion, parse_driver
@@ -272,7 +272,11 @@ def _pins(inventory: Inventory, left_out: list[LeftOut], base: tuple[str, str, s
     for dist in keep:
         graph[dist.name], unreadable = needs_of(dist, inventory.markers, [d.name for d in keep])
         notes += [f"{dist.name}: Requires-Dist {line!r} is not PEP 508; it was not followed" for line in unreadable]
-    for name in [n for n in SEED_TOOLS if n in graph and n not in required(graph)]:
+    # A seed tool nothing requires is the venv's, unless the extras the roots are asked install it.
+    seeds = [n for n in SEED_TOOLS if n in graph and n not in required(graph)]
+    rest = {name: needs for name, needs in graph.items() if name not in seeds}
+    reached = reach(top_level(rest), graph) if rest else {}
+    for name in [n for n in seeds if n not in reached]:
         left_out.append(LeftOut(name, installed[name].version, "put there by `python -m venv`; nothing requires it",
                                 f"add \"{name}=={installed[name].version}\" to [python].requirements if the image "
                                 "needs it (the image's venv has no installer)", excluded=False))

@@ -110,6 +110,19 @@ def test_the_venvs_own_installer_is_left_out_unless_something_requires_it():
     assert "pip" not in parsed(plan).python.exclude
 
 
+def test_an_installer_that_only_an_asked_extra_requires_stays_pinned():
+    """app[fast] is a root (its extra's requirement is installed); its extra asks lib[fast], whose extra
+    requires pip: installing the roots installs pip, so pip is pinned, not left out. Hypothesis found it."""
+    plan = plan_of(report([dist("pip", "23.0.1"), dist("lib", requires=["pip; extra == 'fast'"], extras=["fast"]),
+                           dist("app", requires=["lib[fast]; extra == 'fast'"], extras=["fast"])], torch=TORCH))
+    assert "pip" in plan.pins and "pip" not in {e.name for e in plan.left_out}
+    assert [(p.name, p.extras) for p in plan.requirements if p.name == "app"] == [("app", ("fast",))]
+    # The control: without the extra asking for it, pip is the venv's and left out.
+    plan = plan_of(report([dist("pip", "23.0.1"), dist("lib", requires=["pip; extra == 'fast'"], extras=["fast"]),
+                           dist("app", requires=["lib"])], torch=TORCH))
+    assert "pip" not in plan.pins and [e.name for e in plan.left_out] == ["pip"]
+
+
 def test_cuda_comes_from_torch_the_gpus_and_the_driver():
     plan = plan_of(report(TOOLCHAIN, torch=TORCH, gpus=[("NVIDIA RTX PRO 6000", "12.0"), ("NVIDIA A10", "8.6")],
                           driver="595.71.05"), AdoptOptions())
