@@ -1,7 +1,11 @@
 """LayerPlan: which image layer each locked wheel goes into.
 
-Heavy, stable wheels first (torch, the nvidia-* CUDA libraries, triton), kernels next, other libraries,
-the application last: bumping the application's pin then rebuilds only the last layers.
+Heavy, stable wheels first (torch, the nvidia-* CUDA libraries, triton), other libraries next, the kernels,
+the application last: bumping the application's pin then rebuilds only the last layers. The kernels sit above
+the libraries because they are what a gallery's variants differ by (the flagship prunes the Hopper-only
+FlashAttention 3 and FlashMLA objects its Hopper sibling keeps): Docker's classic image store keys a pulled
+layer by its chain ID (the layer and every layer below it), so a node that holds one variant fetches again
+every layer above the first one that differs (docs/benchmarks.md, "A gallery's second image on a node").
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from fnmatch import fnmatchcase
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-LAYER_ORDER = ("framework", "kernels", "libraries", "application")
+LAYER_ORDER = ("framework", "libraries", "kernels", "application")
 
 # Name globs over canonical distribution names; a recipe's [python.layers] comes first.
 DEFAULT_GROUPS: dict[str, tuple[str, ...]] = {

@@ -285,25 +285,26 @@ def test_opencv_beside_opencv_headless_is_a_file_overlap_error(write_recipe):
 
 
 def test_the_flagship_lock_has_no_artifact_errors_with_its_prune_and_names_the_overlap_without_it(write_recipe):
-    """The flagship's one real overlap (build_backend.py of flashinfer-python and torch-c-dlpack-ext) is
-    settled by its [[prune]]; without that entry lock refuses it."""
+    """The flagship's one real overlap (build_backend.py of torch-c-dlpack-ext, in the libraries layer, and
+    flashinfer-python, in the kernels layer above it) is settled by its [[prune]]; without that entry lock
+    refuses it."""
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "sglang-blackwell.toml"
     text = recipe.read_text().replace('file = "patches/', f'file = "{recipe.parent}/patches/')
     assert not has_errors(flows.lock(write_recipe(text, "flagship")).findings)
-    entry = 'package = "flashinfer-python"\nremove = ["build_backend.py"]'
+    entry = 'package = "torch-c-dlpack-ext"\nremove = ["build_backend.py"]'
     assert entry in text
     with pytest.raises(FindingsFailed) as refused:
         flows.lock(write_recipe(text.replace(entry, entry.replace("build_backend.py", "no_such.py")), "overlap"))
     (error,) = [f for f in refused.value.findings if f.rule == "file-overlap"]
-    assert error.message.startswith("flashinfer-python and torch-c-dlpack-ext install 1 path(s)")
+    assert error.message.startswith("torch-c-dlpack-ext and flashinfer-python install 1 path(s)")
     assert error.evidence == "build_backend.py"
     # Pruning it from the one installed later would delete the file for both: refused too.
-    later = text.replace(entry, entry.replace("flashinfer-python", "torch-c-dlpack-ext"))
+    later = text.replace(entry, entry.replace("torch-c-dlpack-ext", "flashinfer-python"))
     with pytest.raises(FindingsFailed) as refused:
         flows.lock(write_recipe(later, "overlap-later"))
     (error,) = [f for f in refused.value.findings if f.rule == "prune-deletes-shared-file"]
-    assert "[[prune]] of torch-c-dlpack-ext deletes build_backend.py, which flashinfer-python installs" in error.message
-    assert error.fix.startswith("prune it from flashinfer-python instead")
+    assert "[[prune]] of flashinfer-python deletes build_backend.py, which torch-c-dlpack-ext installs" in error.message
+    assert error.fix.startswith("prune it from torch-c-dlpack-ext instead")
 
 
 def test_the_toolchain_is_the_toolkits_own_components_and_what_installs_nvcc():

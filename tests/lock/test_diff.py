@@ -53,15 +53,17 @@ def test_a_lock_against_itself_changes_nothing_and_rebuilds_only_what_carries_th
 def test_a_library_only_move_rebuilds_its_layer_and_above_and_compiles_no_kernel(lock):
     diff = diff_locks(lock, move(lock, "jinja2", "3.1.7"))
     assert diff.moved == [{"name": "jinja2", "old": "3.1.6", "new": "3.1.7", "layer": "libraries"}]
-    assert steps(diff) == {"base": False, "layer framework": False, "layer kernels": False, "layer libraries": True,
+    # The kernels layer sits above the libraries (recipe/layers.py): it reinstalls, and compiles nothing.
+    assert steps(diff) == {"base": False, "layer framework": False, "layer libraries": True, "layer kernels": True,
                            "layer application": True, "patches": True, "[aot] kernel step": True, "probe and lock": True}
+    assert list(steps(diff)).index("layer libraries") < list(steps(diff)).index("layer kernels")
     assert diff.kernels["recompile"] == "none"  # the step reruns; the kernel cache has every kernel
 
 
 def test_a_flashinfer_move_recompiles_every_kernel_naming_it(lock):
     diff = diff_locks(lock, move(lock, "flashinfer-python", "0.7.4"))
     assert diff.kernels["recompile"] == "all" and "flashinfer-python" in diff.kernels["why"]
-    assert not steps(diff)["layer framework"] and steps(diff)["layer kernels"]
+    assert not steps(diff)["layer framework"] and not steps(diff)["layer libraries"] and steps(diff)["layer kernels"]
 
 
 def test_an_sglang_move_recompiles_sglangs_kernels_only(lock):
@@ -98,7 +100,7 @@ def test_added_removed_and_rehashed_wheels_and_cuda_facts(lock):
                                                       else w for w in lock.wheels))
     again = diff_locks(lock, rehashed)
     assert [r["name"] for r in again.rehashed] == [six.name]
-    assert steps(again)["layer libraries"] and not steps(again)["layer kernels"]  # another wheel: its layer rebuilds
+    assert steps(again)["layer libraries"] and not steps(again)["layer framework"]  # another wheel: its layer rebuilds
     back = diff_locks(new, lock)
     assert [a["name"] for a in back.added] == [six.name]
 
