@@ -3,7 +3,7 @@
     model.py   Recipe and its tables (base, python, cuda, smoke, ...); load_recipe, parse_recipe
     reader.py  the TOML reader that keeps each key's line, and the key-path vocabulary of errors
     edits.py   the tables that change installed distributions: [[patches]], [[prune]]
-    layers.py  which image layer a distribution goes in (framework, kernels, libraries, application)
+    layers.py  which image layer a distribution goes in (framework, libraries, kernels, application)
     cuda.py    the CUDA vocabulary: CudaVersion, Arch (sm_120a), driver versions
 
 Public surface: load_recipe, parse_recipe, Recipe, DebianBase, ImageBase, PythonSpec.
