@@ -64,7 +64,7 @@ def test_flagship_builds_and_passes_smoke_tiers_1_to_3(engine, user_image, flags
     assert verified.ok, verified.mismatches[:5]
     assert verified.checked["kernels"] >= 4  # [aot]'s kernels, outside every RECORD, hash as their manifest says
     # What the recipe prunes is gone, and the probe's waste scan no longer lists it.
-    assert info.labels["io.imagebuild.pruned"] == "flashinfer-python,nvidia-nccl-cu13,sglang-kernel,triton"
+    assert info.labels["io.imagebuild.pruned"] == "nvidia-nccl-cu13,sglang-kernel,torch-c-dlpack-ext,triton"
     done = engine.run(report.image, ["python", "/opt/imagebuild/probe.pyz", "--waste", "120"])
     waste = json.loads(done.stdout)
     paths = {c["path"] for c in waste["candidates"]}
