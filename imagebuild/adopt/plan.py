@@ -275,7 +275,7 @@ def _pins(inventory: Inventory, left_out: list[LeftOut], base: tuple[str, str, s
     # A seed tool nothing requires is the venv's, unless the extras the roots are asked install it.
     seeds = [n for n in SEED_TOOLS if n in graph and n not in required(graph)]
     rest = {name: needs for name, needs in graph.items() if name not in seeds}
-    reached = reach(top_level(rest), graph) if rest else {}
+    reached = reach(top_level(rest), graph) if seeds and rest else {}
     for name in [n for n in seeds if n not in reached]:
         left_out.append(LeftOut(name, installed[name].version, "put there by `python -m venv`; nothing requires it",
                                 f"add \"{name}=={installed[name].version}\" to [python].requirements if the image "

@@ -18,6 +18,7 @@ import pytest
 from imagebuild.lock import read_lock
 from imagebuild.recipe.model import load_recipe
 from imagebuild.render import render_context
+from imagebuild.render.markers import parse_marker
 
 REPO = Path(__file__).resolve().parents[2]
 FLAGSHIP = "sglang-blackwell"
@@ -77,8 +78,13 @@ def shared_layers(a: list[tuple[str, str]], upto: int) -> list[str]:
 
 
 def marker(instruction: str) -> str:
-    found = re.search(r": imagebuild-step=(\S+(?: layer=\S+)?)", instruction)
-    return found.group(1) if found else instruction.split()[0]
+    """The step as its marker names it (render's own parse_marker): its kind, and its layer where it has
+    one; an instruction without a marker (COPY, ENV) by its keyword."""
+    found = parse_marker(instruction)
+    if found is None:
+        return instruction.split()[0]
+    layer = found.fields.get("layer")
+    return f"{found.kind} layer={layer}" if layer else found.kind
 
 
 @pytest.mark.parametrize("variant, differs_at", [
