@@ -42,12 +42,18 @@ TORCH_NEEDS = ("filelock==3.20.0", "typing-extensions==4.15.0", "sympy==1.14.0",
 # The op's module and the packages above it, as the wheel lays them out; the packages' own __init__ files import
 # SGLang's server (its dependencies are GBs no kernel reads), so they are written empty.
 # The op modules the launches import: the position op, and the KV-index kernel wherever the release keeps it.
+# The logits processor is only read (which cast it makes), never imported.
 OPS = ("sglang/kernels/ops/attention/position.py", "sglang/kernels/ops/attention/kv_indices.py",
-       "sglang/kernels/ops/kvcache/kv_indices.py", "sglang/kernels/ops/memory/common.py")
+       "sglang/kernels/ops/kvcache/kv_indices.py", "sglang/kernels/ops/memory/common.py",
+       "sglang/kernels/ops/activation/softcap.py", "sglang/srt/layers/logits_processor.py")
 # In the seed's order: per launch, then per variant (KV indices: int64 then int32 lengths; the token-table writer:
-# one per context length, shortest first).
+# one per context length, shortest first; the logits cast: rows x vocabulary a multiple of 16, then not). SGLang
+# 0.5.22 copies its logits with torch: no cast to seed.
 VARIANTS = ("compute_position_kernel", "create_flashinfer_kv_indices_triton", "create_flashinfer_kv_indices_triton",
-            "write_req_to_token_pool_triton", "write_req_to_token_pool_triton")
+            "write_req_to_token_pool_triton", "write_req_to_token_pool_triton", "softcap_inplace_logits_kernel",
+            "softcap_inplace_logits_kernel")
+RELEASE_VARIANTS = {"0.5.22": VARIANTS[:5], "0.5.23": VARIANTS}
+LOGITS_CAST = {"0.5.22": "torch (nothing to seed)", "0.5.23": "triton"}
 # Llama 3.1 8B's and Qwen3-8B's context lengths; the second shape's is the first's second: one kernel, listed once.
 SPEC = {"archs": ["12.0f", "9.0a"], "sglang": True,
         "shapes": [{"name": "llama-3.1-8b", "dtype": "bfloat16", "context_lengths": [40960, 131072]},
@@ -90,7 +96,7 @@ def sglang_source(folder: Path, version: str, with_op: bool = True) -> Path:
     (without_op: the first left out)."""
     with zipfile.ZipFile(published_file("sglang", version)) as wheel:
         sources = {op: wheel.read(op) for op in OPS if op in wheel.namelist()}
-    assert len(sources) == 3, f"sglang {version} keeps its ops elsewhere: {sorted(sources)}"
+    assert len(sources) == 5, f"sglang {version} keeps its ops elsewhere: {sorted(sources)}"
     for op in sources:
         parts = Path(op).parent.parts
         for depth in range(1, len(parts) + 1):
@@ -136,8 +142,8 @@ def test_each_triton_release_serves_the_seeded_kernel_from_its_cache_and_compile
     targets = [90, 120] if version == PINNED_TRITON else [120]
     manifest, proof = seed_and_prove(python, sglang, tmp_path, tmp_path / "cache", spec)
     kernels = manifest["triton"]["kernels"]
-    # per target: the position kernel, and the KV-index kernel twice (int64 lengths as in capture and decode,
-    # int32 as at a prefill)
+    # per target: the position kernel, the KV-index kernel twice (int64 lengths as in capture and decode, int32 as
+    # at a prefill), the token-table writer per context length and the logits cast twice
     assert sorted((k["kernel"], k["target"]) for k in kernels) == sorted(
         (name, t) for t in targets for name in VARIANTS)
     assert all(k["files"] and any(name.endswith(".cubin") for name in k["files"]) for k in kernels), kernels
@@ -171,7 +177,54 @@ def test_each_sglang_release_s_op_seeds_the_same_way_and_twice_to_the_same_bytes
     second = seed(python, sglang, tmp_path, tmp_path / "cache", spec)
     assert first == second  # same keys, same folders, same sha256 of every file: the layer repeats
     assert [(k["kernel"], k["target"], len(k["files"])) for k in first["triton"]["kernels"]] == [
-        (name, 120, 8) for name in VARIANTS]
+        (name, 120, 8) for name in RELEASE_VARIANTS[version]]
+    assert first["triton"]["logits_cast"] == LOGITS_CAST[version]
+
+
+SERVER_BATCHES = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import kernels_triton
+events, _ = kernels_triton.compiling_for(120)
+from sglang.kernels.ops.activation.softcap import cast_to_float32_logits
+asked = []
+for rows, vocabulary, dtype in json.loads(sys.argv[2]):
+    del events[:]
+    out = torch.empty((rows, vocabulary), dtype=torch.float32)
+    cast_to_float32_logits(torch.zeros((rows, vocabulary), dtype=getattr(torch, dtype)), out)
+    asked.append([rows, vocabulary, dtype, [e["hit"] for e in events]])
+print(json.dumps(asked))
+"""
+
+
+def test_the_two_seeded_logits_casts_are_the_keys_a_server_s_batches_ask_for(pinned_python, tmp_path):
+    """The seed casts 2 x 1024 and 1 x 1001 logits; a server casts a batch of its vocabulary. Each real batch,
+    in a fresh process, must be served from the seeded cache: Llama 3's and Qwen3's vocabularies at 1, 3 and 160
+    rows, and a vocabulary not a multiple of 16 (32001) at 1, 2 and 16 rows. Control: fp16 logits from a bf16
+    shape's seed compile (the dtype is in the key)."""
+    sglang = sglang_source(tmp_path / "src", PINNED_SGLANG)
+    spec = dict(SPEC, archs=["12.0f"])
+    seed(pinned_python, sglang, tmp_path, tmp_path / "cache", spec)
+    batches = [[1, 128256, "bfloat16"], [3, 128256, "bfloat16"], [160, 151936, "bfloat16"], [1, 32001, "bfloat16"],
+               [2, 32001, "bfloat16"], [16, 32001, "bfloat16"], [3, 128256, "float16"]]
+    env = dict(os.environ, PYTHONPATH=str(sglang), TRITON_CACHE_DIR=str(tmp_path / "cache"), HOME=str(tmp_path))
+    done = subprocess.run([str(pinned_python), "-B", "-c", SERVER_BATCHES, str(KERNELS), json.dumps(batches)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    asked = json.loads(done.stdout.splitlines()[-1])
+    # a batch whose key this process already loaded lists no event: the first of each key says hit or compile
+    assert [hits for *_, hits in asked] == [[True], [], [], [True], [], [], [False]], asked
+
+
+def test_an_sglang_whose_logits_processor_is_missing_fails_the_seed_naming_it(pinned_python, tmp_path):
+    """Which cast a server makes is read in its logits processor; without that file the seed cannot tell, and
+    stops rather than guess either way."""
+    sglang = sglang_source(tmp_path / "src", PINNED_SGLANG)
+    (sglang / OPS[-1]).unlink()
+    (tmp_path / "aot.json").write_text(json.dumps(dict(SPEC, archs=["12.0f"])))
+    done = run_step(pinned_python, sglang, tmp_path / "cache", "seed", str(tmp_path / "aot.json"))
+    assert done.returncode != 0
+    assert "sglang/srt/layers/logits_processor.py is not installed" in done.stderr, done.stderr[-2000:]
 
 
 def test_an_sglang_without_the_op_fails_the_seed_naming_the_launch(pinned_python, tmp_path):
@@ -235,8 +288,13 @@ from imagebuild.payload.probe.kernels import kernels_triton
 positions = torch.arange(607)
 off_by_one = positions.clone()
 off_by_one[300] += 1
+logits = (torch.randn(2, 1024) * 8).bfloat16()
+cast = logits.float()
+one_ulp = cast.clone()
+one_ulp[1, 7] = torch.nextafter(one_ulp[1, 7], torch.tensor(float("inf")))
 print(json.dumps([_exact([(positions, positions.clone())]), _exact([(off_by_one, positions)]),
-                  _exact([(positions[:-1], positions)]), _exact([(positions.int(), positions)])]))
+                  _exact([(positions[:-1], positions)]), _exact([(positions.int(), positions)]),
+                  _exact([(cast.clone(), cast)]), _exact([(one_ulp, cast)])]))
 """
 
 
@@ -246,10 +304,13 @@ def test_a_gpu_s_integer_answer_must_match_torch_s_entry_for_entry(pinned_python
     done = subprocess.run([str(pinned_python), "-B", "-c", EXACT], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stderr[-2000:]
-    right, one_off, short, narrower = json.loads(done.stdout)
+    right, one_off, short, narrower, cast, one_ulp = json.loads(done.stdout)
     assert right == {"relative_error": 0.0, "entries_wrong": 0, "entries": 607} == narrower
     assert one_off == {"relative_error": 1.0, "entries_wrong": 1, "entries": 607}
     assert short["relative_error"] == 1.0 and short["entries_wrong"] == 607
+    # the logits cast is exact too: float32 values compared as they are, not truncated to integers
+    assert cast == {"relative_error": 0.0, "entries_wrong": 0, "entries": 2048}
+    assert one_ulp == {"relative_error": 1.0, "entries_wrong": 1, "entries": 2048}
 
 
 def test_a_clean_triton_proof_has_no_problem_and_the_pass_names_what_was_served():
@@ -320,10 +381,20 @@ def test_no_answer_of_the_proof_s_child_ends_in_a_traceback(answer, seeded):
 def test_the_token_table_writer_is_launched_only_for_the_context_lengths_a_shape_states():
     """Its row stride is a constexpr, so a shape without context_lengths has no key to seed: it is left to the
     first use (and the proof lists it), never seeded for a guessed length."""
-    named = lambda shape: [name for name, _ in kernels_triton.launches(shape)]  # noqa: E731
+    named = lambda shape, casts=False: [name for name, _ in kernels_triton.launches(shape, casts)]  # noqa: E731
     assert named({"name": "a"}) == ["compute-position", "kv-indices"]
     assert named({"name": "a", "context_lengths": []}) == ["compute-position", "kv-indices"]
     assert named({"name": "a", "context_lengths": [40960]}) == ["compute-position", "kv-indices", "req-to-token"]
+    # the logits cast where the SGLang installed makes it with Triton (0.5.23), not where torch copies (0.5.22)
+    assert named({"name": "a"}, True) == ["compute-position", "kv-indices", "logits-cast"]
+
+
+@pytest.mark.parametrize("version", SGLANG_RELEASES)
+def test_which_logits_cast_a_release_makes_is_read_in_its_logits_processor(version, tmp_path, monkeypatch):
+    sglang = sglang_source(tmp_path / "src", version)
+    monkeypatch.syspath_prepend(str(sglang))
+    monkeypatch.delitem(sys.modules, "sglang", raising=False)  # another test's stand-in package, if one was imported
+    assert kernels_triton.logits_cast_reached() is (LOGITS_CAST[version] == "triton")
 
 
 def test_capabilities_are_triton_s_numbers_for_the_aot_archs():

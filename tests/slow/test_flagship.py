@@ -235,6 +235,8 @@ def check_zero_jit(engine, image: str, check: dict) -> None:
     assert sorted((e["kernel"], e["target"], e["hit"]) for e in triton["served"]) == [
         ("compute_position_kernel", 120, True), ("create_flashinfer_kv_indices_triton", 120, True),
         ("create_flashinfer_kv_indices_triton", 120, True),  # int64 lengths (capture, decode), int32 (prefill)
+        # the logits cast into decode's float32 buffer: a flat row whose length is a multiple of 16, and one not
+        ("softcap_inplace_logits_kernel", 120, True), ("softcap_inplace_logits_kernel", 120, True),
         ("write_req_to_token_pool_triton", 120, True), ("write_req_to_token_pool_triton", 120, True)]  # 40960, 131072
     assert triton["unlaunched"] == [] and triton["rekeyed"] == []
     # made and served with the ptxas a server runs: the toolkit's, where FlashInfer's flashinfer.triton points Triton
@@ -247,6 +249,8 @@ def check_zero_jit(engine, image: str, check: dict) -> None:
     # the token-table writer, whose row stride is a constexpr (context length + 4), seeded for the recipe's
     # context_lengths (Llama 3.1 8B's 131072, Qwen3-8B's 40960)
     assert "write_req_to_token_pool_triton" not in still and "write_req_to_token_pool_triton sm_120" in check["detail"]
+    assert manifest["triton"]["logits_cast"] == "triton" and "softcap_inplace_logits_kernel sm_120 x2" in check["detail"]
+    assert "sglang.srt.layers.logits_processor" in sglang["first_use"]["modules"]
     # SGLang's decode positions (clamp_position, int64) are among the kernels built and loaded with JIT off
     assert any(what == "clamp-position" for _, what, _ in sglang["hits"])
     # The image's SGLang cache holds what the inputs decide: each leaf's dependency list, not ninja's build times.

@@ -299,11 +299,13 @@ def _clamp_position(device):
 
 
 def _exact(pairs: list) -> dict:
-    """Integer results (positions, indices) against torch's: one entry off, or a result of the wrong length,
-    makes the launch wrong (relative error 1), so no tolerance lets a wrong index through."""
+    """Integer results (positions, indices) and exact casts (logits to float32) against torch's: one entry off,
+    or a result of the wrong length, makes the launch wrong (relative error 1), so no tolerance lets it through."""
     wrong = 0
     for got, want in pairs:
-        got, want = got.cpu().long().flatten(), want.cpu().long().flatten()
+        got, want = got.cpu().flatten(), want.cpu().flatten()
+        if not (got.is_floating_point() or want.is_floating_point()):
+            got, want = got.long(), want.long()  # int32 against int64 is the same answer
         wrong += int((got != want).sum()) if got.numel() == want.numel() else max(got.numel(), want.numel())
     return {"relative_error": 1.0 if wrong else 0.0, "entries_wrong": wrong,
             "entries": sum(want.numel() for _, want in pairs)}
@@ -396,7 +398,7 @@ def triton_launches(shape: dict, launches: Launches) -> None:
     events: list = []
     kernels_triton.import_as_server()  # what a server imports before its forward decides the ptxas, so the key
     kernels_triton.listen(events)
-    for name, call in kernels_triton.launches(shape):
+    for name, call in kernels_triton.launches(shape, kernels_triton.logits_cast_reached()):
         launches.run(shape["name"], f"triton {name}", lambda call=call: _triton(call, shape, events))
 
 

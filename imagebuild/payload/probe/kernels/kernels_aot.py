@@ -594,7 +594,7 @@ def prove(spec: dict, manifest: dict) -> dict:
             # RoPE's key holds the head dim, which no declared shape has; the control's KV-store row bytes may
             # equal a declared shape's (64 x 2 bytes = 128 x 1 byte), so it is no control.
             "undeclared": [o for o in control_outcome if o[1] == "rope"]}
-        result["sglang"]["first_use"] = first_use_triton()
+        result["sglang"]["first_use"] = first_use_triton(forward_modules(spec["shapes"]))
     if manifest.get("triton"):  # each seeded Triton kernel launched again for its target: a hit, or a compile
         result["triton"] = kernels_triton.prove(spec, manifest["triton"])
     return result
@@ -604,10 +604,23 @@ def prove(spec: dict, manifest: dict) -> dict:
 # flashinfer_backend.py:27-85, forward_batch_info.py:39-40; read 2026-12-04), and those an extend's set-up
 # launches them from: mem_cache/allocation.py:79-88 (write_req_to_token_pool_triton, from prepare_for_extend) and
 # mem_cache/kv_index_translator.py:600-610 (create_flashinfer_kv_indices_triton, an extend's int32 prefix lengths
-# where CUDA-graph capture passed int64; read 2026-12-06). No artifact says which kernels a forward launches;
-# these are where the kernel ops they import live.
+# where CUDA-graph capture passed int64; read 2026-12-06), and the logits processor every forward ends in
+# (layers/logits_processor.py:26-36: the logits cast and the softcapping kernels; read 2026-12-07). No artifact says
+# which kernels a forward launches; these are where the kernel ops they import live.
 FORWARD_MODULES = ("sglang.srt.layers.attention.flashinfer_backend", "sglang.srt.model_executor.forward_batch_info",
-                   "sglang.srt.mem_cache.allocation", "sglang.srt.mem_cache.kv_index_translator")
+                   "sglang.srt.mem_cache.allocation", "sglang.srt.mem_cache.kv_index_translator",
+                   "sglang.srt.layers.logits_processor")
+# A MoE shape's router: SGLang's TopK routes through the Triton router of moe_fused_gate, which layers/moe/topk.py
+# imports inside its functions (0.5.23 topk.py:1297-1332, 1707, 1997, 2083), so the op's module is read itself. It
+# runs on SM120 with FlashInfer's CUTLASS MoE (an NVFP4 checkpoint) and with Hopper's Marlin; SM100's TensorRT-LLM
+# MoE routes inside FlashInfer (read 2026-12-07). Not seeded: its key holds the model's router (experts, top-k with
+# any fused shared expert, scoring, the logits' dtype), which the shape does not state.
+MOE_MODULES = ("sglang.kernels.ops.moe.moe_fused_gate",)
+
+
+def forward_modules(shapes: list) -> tuple:
+    """FORWARD_MODULES, and MOE_MODULES where a shape routes tokens to experts."""
+    return FORWARD_MODULES + (MOE_MODULES if any(shape.get("experts") for shape in shapes) else ())
 
 
 def first_use_triton(modules: tuple = FORWARD_MODULES) -> dict:

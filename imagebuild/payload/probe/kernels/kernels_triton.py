@@ -142,15 +142,63 @@ def _req_to_token(shape: dict, device: str = "cpu") -> list:
     return answers
 
 
+# Decode's logits land in the CUDA graph's shared float32 buffer (model_executor/graph_shared_output.py:62-73), and
+# SGLang 0.5.23's logits processor casts bf16 and fp16 logits into it with a Triton kernel (layers/logits_processor.py
+# :1356-1364, cast_to_float32_logits), first at CUDA-graph capture; 0.5.22 copies them with torch (:1174-1180),
+# which compiles nothing. The kernel reads the logits as one flat row (kernels/ops/activation/softcap.py
+# _softcap_logits), so its key holds their dtype and whether rows x vocabulary is a multiple of 16: the first
+# batch below gives the key of every batch of a vocabulary that is one (Llama 3's 128256, Qwen3's 151936), the
+# second that of the other batches of one that is not. Not seeded (left to first use): a padded vocabulary under
+# TP whose real width is not a multiple of 16 (its row stride differs), and the softcapping variants (models with
+# final_logit_softcapping).
+LOGITS_BATCHES = ((2, 1024), (1, 1001))  # rows x vocabulary: 2048 is a multiple of 16, 1001 is not
+LOGITS_PROCESSOR = ("srt", "layers", "logits_processor.py")  # under the sglang package
+LOGITS_CAST_CALL = "cast_to_float32_logits("
+
+
+def _logits_cast(shape: dict, device: str = "cpu") -> list:
+    """Logits of the shape's dtype cast into a float32 buffer of the same shape, through SGLang's own op.
+    Returns [(what, got, torch's answer)]: the cast is exact, so each value must equal torch's."""
+    import torch
+    from sglang.kernels.ops.activation.softcap import cast_to_float32_logits
+    dtype = getattr(torch, str(shape.get("dtype") or "bfloat16"))
+    generator = torch.Generator().manual_seed(0)
+    answers = []
+    for rows, vocabulary in LOGITS_BATCHES:
+        logits = (torch.randn((rows, vocabulary), generator=generator) * 8).to(dtype)
+        out = torch.empty((rows, vocabulary), dtype=torch.float32, device=device)
+        cast_to_float32_logits(logits.to(device), out)
+        answers.append((f"logits cast ({rows} x {vocabulary} {dtype})", out, logits.float()))
+    return answers
+
+
+def logits_cast_reached() -> bool:
+    """Whether the installed SGLang's logits processor casts logits with its Triton kernel (0.5.23) rather than
+    torch's copy (0.5.22), read in its source (importing it would import the server); an SGLang without the file
+    cannot say, and is refused rather than taken as either."""
+    import importlib.util
+    found = importlib.util.find_spec("sglang")
+    for root in list(getattr(found, "submodule_search_locations", None) or []):
+        path = os.path.join(root, *LOGITS_PROCESSOR)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                return LOGITS_CAST_CALL in handle.read()
+    raise FileNotFoundError(f"sglang/{'/'.join(LOGITS_PROCESSOR)} is not installed: whether a server casts its "
+                            "logits with Triton cannot be read")
+
+
 # (name, call): the Triton launches a forward of a shape reaches on SGLang's FlashInfer backend; call(shape,
 # device) launches on that device's tensors and returns [(what, got, torch's answer)] (under StubDriver nothing
 # runs and the answers are left unread; gpu_launch.py compares them on a GPU).
-LAUNCHES = (("compute-position", _compute_position), ("kv-indices", _kv_indices), ("req-to-token", _req_to_token))
+LAUNCHES = (("compute-position", _compute_position), ("kv-indices", _kv_indices), ("req-to-token", _req_to_token),
+            ("logits-cast", _logits_cast))
 
 
-def launches(shape: dict) -> list:
-    """LAUNCHES for the shape: the token-table writer only where the shape states its context lengths."""
-    return [(name, call) for name, call in LAUNCHES if name != "req-to-token" or shape.get("context_lengths")]
+def launches(shape: dict, casts_logits: bool) -> list:
+    """LAUNCHES for the shape: the token-table writer only where the shape states its context lengths, the logits
+    cast only where the SGLang installed makes it (casts_logits: logits_cast_reached())."""
+    return [(name, call) for name, call in LAUNCHES
+            if (name != "req-to-token" or shape.get("context_lengths")) and (name != "logits-cast" or casts_logits)]
 
 
 class StubDriver:
@@ -273,9 +321,10 @@ def run(shapes: list, capability: int) -> list:
     import_as_server()
     events, launched = compiling_for(capability)
     ptxas = ptxas_for(capability)
+    casts_logits = logits_cast_reached()
     results, seen = [], set()
     for shape in shapes:
-        for name, call in launches(shape):
+        for name, call in launches(shape, casts_logits):
             del events[:], launched[:]
             started = time.monotonic()
             try:
@@ -348,7 +397,8 @@ def seed(spec: dict) -> dict:
             files = {name: sha256_file(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
             kernels.append({"kernel": event["kernel"], "launch": result["launch"], "shape": result["shape"],
                             "target": event["target"], "hash": event["hash"], "folder": folder, "files": files})
-    return {"cache_dir": root, "kernels": kernels, "ptxas": _ptxas(results)}
+    return {"cache_dir": root, "kernels": kernels, "ptxas": _ptxas(results),
+            "logits_cast": "triton" if logits_cast_reached() else "torch (nothing to seed)"}
 
 
 def _ptxas(results: list) -> dict:
