@@ -154,6 +154,26 @@ def test_first_use_triton_reads_the_kernels_of_the_ops_a_module_imports(tmp_path
     assert found["errors"][0].startswith("sglang.missing: ModuleNotFoundError")
 
 
+def test_a_moe_shape_lists_its_router_s_triton_kernels_and_a_dense_one_does_not(tmp_path, monkeypatch):
+    """SGLang's TopK imports moe_fused_gate inside its functions, so the proof reads the op's module itself, and
+    only for a shape with experts: a dense forward never routes (mocked package: no Triton here)."""
+    dense, moe = {"name": "llama"}, {"name": "glm", "experts": 160, "top_k": 8}
+    assert kernels_aot.forward_modules([dense]) == kernels_aot.FORWARD_MODULES
+    assert kernels_aot.forward_modules([dense, moe]) == kernels_aot.FORWARD_MODULES + kernels_aot.MOE_MODULES
+    ops = tmp_path / "sglang" / "kernels" / "ops" / "moe"
+    ops.mkdir(parents=True)
+    for folder in (tmp_path / "sglang", ops.parent.parent, ops.parent, ops):
+        (folder / "__init__.py").write_text("")
+    (ops / "moe_fused_gate.py").write_text("class JITFunction:\n    pass\n\n_router_triton_kernel = JITFunction()\n"
+                                           "def moe_fused_gate():\n    return _router_triton_kernel\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [n for n in list(__import__("sys").modules) if n == "sglang" or n.startswith("sglang.")]:
+        monkeypatch.delitem(__import__("sys").modules, name)
+    found = kernels_aot.first_use_triton(kernels_aot.MOE_MODULES)
+    assert found == {"triton": ["moe_fused_gate._router_triton_kernel"], "modules": list(kernels_aot.MOE_MODULES),
+                     "errors": []}
+
+
 def test_hidden_nvcc_answers_version_and_archs_as_the_real_one_and_refuses_to_compile(real_nvcc, tmp_path):
     """On the pip toolchain's real nvcc (a copy of its own, moved aside and back): --version and
     --list-gpu-arch answer what the real one says, a compile is refused and logged, and the file comes back."""
