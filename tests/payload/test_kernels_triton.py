@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from imagebuild.lock.resolve import uv_binary
 from imagebuild.payload.probe.checks import zero_jit
@@ -387,6 +388,19 @@ def test_the_token_table_writer_is_launched_only_for_the_context_lengths_a_shape
     assert named({"name": "a", "context_lengths": [40960]}) == ["compute-position", "kv-indices", "req-to-token"]
     # the logits cast where the SGLang installed makes it with Triton (0.5.23), not where torch copies (0.5.22)
     assert named({"name": "a"}, True) == ["compute-position", "kv-indices", "logits-cast"]
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(st.binary(max_size=4096))
+def test_any_logits_processor_file_reads_as_one_cast_or_the_other(tmp_path, monkeypatch, data):
+    """The file is outside input: whatever bytes it holds, the reader answers a bool (the call named, or not)."""
+    folder = tmp_path / "any" / "sglang"
+    (folder / "srt" / "layers").mkdir(parents=True, exist_ok=True)
+    (folder / "__init__.py").write_text("")
+    (folder / "srt" / "layers" / "logits_processor.py").write_bytes(data)
+    monkeypatch.syspath_prepend(str(folder.parent))
+    monkeypatch.delitem(sys.modules, "sglang", raising=False)
+    assert kernels_triton.logits_cast_reached() is (kernels_triton.LOGITS_CAST_CALL in data.decode("utf-8", "replace"))
 
 
 @pytest.mark.parametrize("version", SGLANG_RELEASES)
