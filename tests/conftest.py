@@ -13,7 +13,7 @@ from typing import NoReturn
 import pytest
 from hypothesis import settings
 
-from tests import engine_daemon, engine_leftovers, registry_server, timeline
+from tests import cache_leftovers, engine_daemon, engine_leftovers, registry_server, timeline
 
 # No per-example deadline: a property must hold, not run fast (a loaded CI machine is not a failure).
 settings.register_profile("imagebuild", deadline=None)
@@ -61,9 +61,11 @@ LONGEST_FIRST = ("tests/slow/test_flagship.py", "tests/slow/test_zero_jit_releas
 def pytest_configure(config):
     if os.environ.get(timeline.ENV):  # .ci/run sets it: where the run's minutes went, per worker
         config.pluginmanager.register(timeline, "imagebuild-timeline")
-    # Under CI (or on request), what the run left in the engine is said at its end; once, by the controller.
+    # Under CI (or on request), what the run left in the engine and in imagebuild's cache is taken back and said
+    # at its end; once, by the controller.
     if (under_ci() or os.environ.get("IMAGEBUILD_ENGINE_REPORT") == "1") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(engine_leftovers.Reporter(), "imagebuild-engine-leftovers")
+        config.pluginmanager.register(cache_leftovers.Reporter(), "imagebuild-cache-leftovers")
 
 
 def pytest_collection_modifyitems(config, items):
