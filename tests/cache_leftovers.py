@@ -19,6 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from imagebuild.flows.caches import entry_bytes
 from tests.engine_leftovers import KEEP_ENV
 
 # Folders under the cache root whose entries each build or test adds anew.
@@ -41,19 +42,6 @@ def snapshot(root: Path) -> set[str]:
     return found
 
 
-def _bytes(path: Path) -> int:
-    if path.is_symlink() or not path.is_dir():
-        return path.lstat().st_size
-    total = 0
-    for parent, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(parent, name)).st_size
-            except OSError:
-                continue
-    return total
-
-
 @dataclass
 class Taken:
     removed: int = 0
@@ -67,7 +55,7 @@ def take_back(root: Path, before: set[str]) -> Taken:
     for entry in sorted(snapshot(root) - before):
         path = root / entry
         try:
-            size = _bytes(path)
+            size = entry_bytes(path)
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             else:

@@ -61,7 +61,8 @@ class CacheReport:
                 "folders": [asdict(u) for u in self.folders], "buildkit_mounts": self.mounts}
 
 
-def _size(path: Path) -> int:
+def entry_bytes(path: Path) -> int:
+    """The bytes of one cache entry: a file, a link (not followed) or a folder's files."""
     if path.is_symlink() or path.is_file():
         return path.lstat().st_size
     total = 0
@@ -79,7 +80,7 @@ def _entries(folder: Path) -> list[tuple[float, int, Path]]:
     found = []
     for entry in folder.iterdir() if folder.is_dir() else ():
         try:
-            found.append((entry.lstat().st_mtime, _size(entry), entry))
+            found.append((entry.lstat().st_mtime, entry_bytes(entry), entry))
         except OSError:
             continue
     return sorted(found)
