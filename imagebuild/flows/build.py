@@ -162,7 +162,9 @@ def held_build(recipe: Recipe, current: Lock, path: Path, engine: Engine, option
         timings["kernel_seed"] = time.monotonic() - clock
 
     clock = time.monotonic()
-    folder = cache_dir() / "contexts" / (context or recipe.stem)
+    # The lock's hash in the name: two recipes of one file name (a test's copy of a gallery recipe, a second
+    # checkout) never render into each other's folder; one lock renders the same bytes.
+    folder = cache_dir() / "contexts" / f"{context or recipe.stem}-{current.sha256[:12]}"
     context_dir = render_context(current, recipe, folder, uv_path=uv_binary_for(current.base.arch, progress),
                                  lock_text=lock_text)
     bundle = ca_bundle(options.ca)

@@ -7,6 +7,7 @@ build: each layer installs hashed pins with --no-deps.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -357,13 +358,37 @@ def render_context(lock: Lock, recipe: Recipe, out_dir: Path, *, uv_path: str | 
         if uv_path:
             (staging / "tools").mkdir()
             _link_or_copy(Path(uv_path), staging / "tools" / "uv")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(staging, out_dir)
+        swap_in(staging, out_dir)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return out_dir
+
+
+def swap_in(staging: Path, out_dir: Path) -> None:
+    """out_dir replaced by staging: an older folder is renamed aside first and removed after, so out_dir is
+    missing for the moment between two renames, not for the whole removal; when another render put a folder
+    there in that moment, that one is put aside in its turn."""
+    aside = None
+    for _ in range(8):
+        if out_dir.exists():
+            aside = Path(tempfile.mkdtemp(prefix=out_dir.name + ".old.", dir=out_dir.parent))
+            try:
+                os.replace(out_dir, aside / "context")
+            except FileNotFoundError:  # another render moved it first
+                pass
+        try:
+            os.replace(staging, out_dir)
+            break
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        finally:
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
+                aside = None
+    else:
+        raise OSError(errno.EEXIST, f"{out_dir} was written again by another render each time it was replaced")
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

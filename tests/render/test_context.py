@@ -178,3 +178,28 @@ def test_context_holds_hashed_requirements_probe_and_lock(tmp_path):
     render_context(lock, _recipe(tmp_path), tmp_path / "ctx", uv_path=None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ctx"]
     assert (out / "imagebuild/probe.pyz").read_bytes() == probe_bytes  # the image layer stays reproducible
+
+
+def test_renders_racing_for_one_folder_each_finish_and_leave_one_whole_context(tmp_path):
+    """Two builds of one lock render into one folder at once (two CI jobs on one machine): each render ends, the
+    folder is a whole context afterwards, and no staging or set-aside folder is left. Negative control: the old
+    remove-then-rename swap fails this race ('Directory not empty' or a missing folder)."""
+    import threading
+    lock, recipe = _lock(), _recipe(tmp_path)
+    errors: list[BaseException] = []
+
+    def render() -> None:
+        try:
+            for _ in range(15):
+                render_context(lock, recipe, tmp_path / "ctx", uv_path=None)
+        except BaseException as error:  # noqa: BLE001 - the test reports any
+            errors.append(error)
+
+    threads = [threading.Thread(target=render) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ctx"]
+    assert (tmp_path / "ctx" / "Dockerfile").is_file() and (tmp_path / "ctx" / "imagebuild" / "probe.pyz").is_file()
