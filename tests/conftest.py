@@ -68,12 +68,18 @@ def pytest_configure(config):
         config.pluginmanager.register(cache_leftovers.Reporter(), "imagebuild-cache-leftovers")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Files in the order two workers finish soonest: the longest named above, then every other file of
     the slow tier, then those that use the engine, then the rest; a file's own tests keep their order.
     The order decides only when a file starts, never what a test sees (each file has its own fixtures)."""
     files: dict[str, list] = {}
     for item in items:
+        # A test that asks for the engine builds or runs on it: it is an engine test, so `-m 'not engine'` (the
+        # fast tier) leaves it out, and its builder-cache records are a CI run's to take back. A fixture that
+        # asks for the engine at run time (getfixturevalue) marks its tests itself.
+        if "engine" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.engine)
         files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
 
     def rank(path: str) -> tuple[int, int]:

@@ -43,6 +43,7 @@ def any_engine(request, tmp_path):
         engine.remove(ref)
 
 
+@pytest.mark.engine  # builds on the real engines: its builder-cache records are taken back under CI
 def test_image_config_is_what_the_dockerfile_said(any_engine):
     engine, ref = any_engine
     config = engine.image_config(ref)
@@ -54,6 +55,7 @@ def test_image_config_is_what_the_dockerfile_said(any_engine):
     assert config.created > 0
 
 
+@pytest.mark.engine  # builds on the real engines: its builder-cache records are taken back under CI
 def test_a_missing_image_is_image_not_found_from_every_lookup(any_engine):
     engine, ref = any_engine
     missing = f"{ref}-missing"
@@ -68,6 +70,7 @@ def test_a_missing_image_is_image_not_found_from_every_lookup(any_engine):
     assert engine.require(ref) == engine.inspect(ref)
 
 
+@pytest.mark.engine  # builds on the real engines: its builder-cache records are taken back under CI
 def test_an_image_no_name_holds_goes_with_another_holders_last_name_and_a_held_one_stays(any_engine, tmp_path):
     """Why a build names its image (Engine.build's hold) from the build on: a reproducible build's image has the
     id of every other build of its lock, and the engine removes an image with the last name anyone removes. CI
