@@ -23,6 +23,7 @@ import pytest
 from imagebuild import flows
 from imagebuild.render import AOT_MANIFEST
 from imagebuild.render.paths import PROBE_COMMAND
+from tests.slow.test_flagship import probe_only
 from tests.slow.test_zero_jit_releases import NEWEST, recipe_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -54,9 +55,7 @@ def nvfp4(engine, tmp_path_factory):
     report = flows.build(recipe, engine, flows.BuildOptions(tag=f"imagebuild-test/flashinfer-aot-{slug}:{NEWEST}",
                                                             relock=True, rebuild=True, run_smoke=False))
     try:
-        done = engine.run(report.image, [*PROBE_COMMAND, "--only", "zero-jit"], timeout=900)
-        (check,) = [c for c in json.loads(done.stdout)["checks"] if c["name"] == "zero-jit"]
-        yield report, check
+        yield report, probe_only(engine, report.image, "zero-jit")[0]["zero-jit"]
     finally:
         engine.remove(report.image)
 
