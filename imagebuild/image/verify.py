@@ -5,7 +5,8 @@ every locked distribution's installed version and RECORD hashes, the patches lis
 <dist-info>/IMAGEBUILD_PATCHES, and the prebuilt kernels its [aot] manifest lists. `diff_images` names the first files that differ between two images.
 An image is an engine reference or an OCI layout (`oci:DIR`, or a folder holding an oci-layout file).
 Layers are read one tar stream at a time and only a table of the merged files (hashes, not contents)
-stays in memory, apart from the few dist-info files verify reads.
+stays in memory, apart from the few dist-info files verify reads. Verify reads an engine image as the
+engine exports a container's filesystem (one stream of the merged tree); diff reads layers, as saved.
 """
 
 from __future__ import annotations
@@ -290,10 +291,26 @@ def parse_record(text: str) -> list[tuple[str, str, str]]:
     return [tuple((row + ["", "", ""])[:3]) for row in rows if row and row[0]]
 
 
+def container_files(engine, ref: str, keep: Callable[[str], bool] = lambda _: False) -> ImageFiles:
+    """The filesystem a container of the image sees, read as one stream: for an engine, its own export of
+    the merged tree (one pass, where a save first writes every layer out on the engine's disk and the layers
+    are merged here); for an OCI layout, its layers merged. Owners, modes and contents as in image_files;
+    what the engine adds to every container (/etc/hosts, /.dockerenv, empty /proc) is in it too, so compare
+    two images with image_files, not this."""
+    if is_layout(ref):
+        return image_files(engine, ref, keep)
+    info = engine.inspect(ref)
+    if info is None:
+        raise ImageNotFound(ref, engine.name, " (an OCI layout is named oci:DIR)")
+    with engine.export_rootfs(ref) as stream:
+        tree = read_layer_files(stream, keep)
+    return ImageFiles({"config": {"Labels": dict(info.labels)}}, tree.entries, tree.contents)
+
+
 def verify_image(engine, image: str, lock_path: Path) -> VerifyReport:
     lock = read_lock(Path(lock_path))
     site = site_packages(lock).lstrip("/")
-    found = image_files(engine, image, keep=_dist_info_file(site))
+    found = container_files(engine, image, keep=_dist_info_file(site))
     return verify_files(found, lock, image=image, lock_path=str(lock_path))
 
 

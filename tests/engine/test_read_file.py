@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from imagebuild.engine.docker import only_file
 from imagebuild.errors import BuildFailed, ImageNotFound
-from imagebuild.image.verify import image_file, image_files
+from imagebuild.image.verify import container_files, image_file, image_files
 
 
 NAMES = ["etc/lower.txt", "etc/replaced.txt", "opt/a dir/naïve file.json", "gone.txt", "opt/a dir", "opt/link",
@@ -79,10 +79,37 @@ def test_one_file_is_what_the_whole_image_read_finds(engine, layered):
     assert containers(engine) == before  # each read's container removed
 
 
+# What Docker puts in every container's filesystem, beside the image's own files.
+CONTAINER_ADDS = {".dockerenv", "dev", "dev/console", "dev/pts", "dev/shm", "etc/hostname", "etc/hosts", "etc/mtab",
+                  "etc/resolv.conf", "proc", "sys"}
+
+
+@pytest.mark.engine
+def test_the_container_export_verify_reads_is_the_merge_of_the_saved_layers(engine, layered):
+    """verify reads a container's export (one stream of the merged tree) instead of saving every layer: every
+    path the layers merge to is there with the same kind, mode, owner, size, hash and link; the file a later layer
+    deleted is not; beyond them only what the engine adds to every container."""
+    layers = image_files(engine, layered, keep=lambda path: True)
+    tree = container_files(engine, layered, keep=lambda path: True)
+    assert "gone.txt" not in tree.files and "gone.txt" not in layers.files
+    assert tree.contents["etc/replaced.txt"] == b"second, in an upper layer\n"
+    assert set(tree.files) - set(layers.files) <= CONTAINER_ADDS, set(tree.files) - set(layers.files)
+    missing = set(layers.files) - set(tree.files)
+    assert not missing, missing
+    same = lambda e: (e.kind, e.mode, e.uid, e.gid, e.size, e.sha256, e.link)  # noqa: E731
+    differ = [p for p in layers.files if same(layers.files[p]) != same(tree.files[p])]
+    assert not differ, [(p, layers.files[p], tree.files[p]) for p in differ]
+    assert len([e for e in layers.files.values() if e.kind == "file"]) >= 5  # tools, libraries and the copies
+    assert tree.labels == layers.labels
+    assert not engine.client.api.containers(all=True, filters={"label": "io.imagebuild.role=export"})
+
+
 @pytest.mark.engine
 def test_an_image_that_is_not_there_is_image_not_found(engine):
     with pytest.raises(ImageNotFound):
         engine.read_file(f"imagebuild-test/no-such-image-{os.getpid()}:1", "/etc/os-release")
+    with pytest.raises(ImageNotFound):
+        container_files(engine, f"imagebuild-test/no-such-image-{os.getpid()}:1")
 
 
 def one_path_archive(name: str, data: bytes | None, kind: bytes = tarfile.REGTYPE) -> io.BytesIO:
