@@ -350,9 +350,12 @@ def test_first_use_leaves_out_what_the_seed_served():
              "modules": ["sglang.srt.layers.attention.flashinfer_backend"], "errors": []}
     said = zero_jit.first_use_said({"first_use": first}, triton_proof())
     assert said.startswith("; still compiled at first use, by Triton with its own ptxas (not seeded): 1 kernel(s)")
-    assert said.endswith("import: merge_state.merge_state_kernel")
+    variants = "in the variants the declared shapes launch (another variant compiles at first use)"
+    assert said.endswith(f"import: merge_state.merge_state_kernel; the others seeded {variants}")
     every = zero_jit.first_use_said({"first_use": dict(first, triton=first["triton"][:1])}, triton_proof())
-    assert every == "; every Triton kernel found in what sglang.srt.layers.attention.flashinfer_backend import is seeded"
+    assert every == f"; every Triton kernel found in what sglang.srt.layers.attention.flashinfer_backend import is seeded, {variants}"
+    unseeded = zero_jit.first_use_said({"first_use": first}, {"served": []})
+    assert unseeded.endswith("import: position.compute_position_kernel, merge_state.merge_state_kernel")  # nothing seeded: no claim
 
 
 def test_file_problems_name_a_changed_and_a_missing_file(tmp_path):

@@ -359,10 +359,13 @@ def first_use_said(sglang, triton=None) -> str:
     seeded = {str(e.get("kernel")) for e in _dicts(triton.get("served"))} if isinstance(triton, dict) else set()
     names = [str(name) for name in first.get("triton") or [] if str(name).rpartition(".")[2] not in seeded]
     read = ", ".join(str(m) for m in first.get("modules") or []) or "no module"
+    # A seeded kernel is seeded in the variants the declared shapes launch (docs/zero-jit.md's table); another
+    # variant of it (another constexpr, such as a softcapping model's logits) still compiles at first use.
+    variants = "in the variants the declared shapes launch (another variant compiles at first use)"
     if names:
         said = (f"; still compiled at first use, by Triton with its own ptxas (not seeded): {len(names)} kernel(s) "
-                f"of the ops {read} import: {', '.join(names)}")
+                f"of the ops {read} import: {', '.join(names)}" + (f"; the others seeded {variants}" if seeded else ""))
     else:
-        said = f"; every Triton kernel found in what {read} import is seeded" if seeded else \
+        said = f"; every Triton kernel found in what {read} import is seeded, {variants}" if seeded else \
             f"; no Triton kernel found in what {read} import"
     return said + (f" (unreadable: {'; '.join(map(str, first['errors']))})" if first.get("errors") else "")
