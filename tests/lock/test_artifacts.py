@@ -1,7 +1,7 @@
 """Facts read from the locked wheels (lock/artifacts.py) and the rules over them (rules.check_artifacts).
 
 The real-release tests read real wheels from the index with ranged requests: torch's CUDA from its
-METADATA (a CUDA 12.8 PyPI build, the pinned CUDA 13.0 one and the newest, CUDA 13.2), nvcc in the pip
+METADATA (a CUDA 12.8 PyPI build, the previous and pinned CUDA 13.0 ones and the newest, CUDA 13.2), nvcc in the pip
 toolchain wheels (the cu12 ones ship ptxas only; the CUDA 13 ones carry nvcc: previous, pinned and
 newest), and a real file overlap (opencv-python beside opencv-python-headless). Each rule has a negative
 control.
@@ -185,14 +185,18 @@ def test_torch_from_pypi_is_read_as_cuda_12_8_from_its_own_metadata(write_recipe
     assert "torch-cuda-mismatch" not in rules(lock_findings(write_recipe, ["torch==2.9.1"], "12.8", "torch-128"))
 
 
-@pytest.mark.parametrize("torch, cuda, toolkit", [("2.14.1", "13.0", "12.8"), ("2.15.0", "13.2", "13.0")])
+@pytest.mark.parametrize("torch, cuda, toolkit", [("2.14.0", "13.0", "12.8"), ("2.14.1", "13.0", "12.8"),
+                                                  ("2.15.0", "13.2", "13.0")])
 def test_torch_2_14_on_is_read_from_its_cuda_toolkit_pin(write_recipe, torch, cuda, toolkit):
-    """torch 2.14.1's default wheel (pinned) pins cuda-toolkit 13.0, not nvidia-cuda-runtime; 2.15.0's (the newest,
-    2026-10-28) pins cuda-toolkit 13.2.2, so it is not a drop-in for the flagship's CUDA 13.0: both read, no table."""
+    """torch 2.14.0's (previous) and 2.14.1's (pinned) default wheels pin cuda-toolkit 13.0.3, not
+    nvidia-cuda-runtime; 2.15.0's (the newest, 2026-10-28) pins cuda-toolkit 13.2.2, so it is not a drop-in for the
+    flagship's CUDA 13.0: each read, no table."""
     found = rules(lock_findings(write_recipe, [f"torch=={torch}"], toolkit, f"torch-{torch}"))
     mismatch = found["torch-cuda-mismatch"]
     assert f"built for CUDA {cuda}, not the image's CUDA {toolkit}" in mismatch.message
     assert "cuda-toolkit" in mismatch.evidence and f"=={cuda}." in mismatch.evidence
+    # The negative control: the same wheel in an image of its own CUDA is fine.
+    assert "torch-cuda-mismatch" not in rules(lock_findings(write_recipe, [f"torch=={torch}"], cuda, f"torch-{torch}-same"))
 
 
 @pytest.mark.parametrize("pin, toolkit", [("nvidia-cuda-nvcc-cu12==12.8.93", "12.8"),
