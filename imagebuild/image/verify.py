@@ -167,6 +167,14 @@ def layout_path(ref: str) -> Path:
     return Path(ref.removeprefix("oci:"))
 
 
+def engine_image(engine, ref: str):
+    """The engine's inspection of `ref`, or ImageNotFound saying how a layout is named instead."""
+    info = engine.inspect(ref)
+    if info is None:
+        raise ImageNotFound(ref, engine.name, " (an OCI layout is named oci:DIR)")
+    return info
+
+
 def image_files(engine, ref: str, keep: Callable[[str], bool] = lambda _: False) -> ImageFiles:
     """The merged filesystem of an engine image or an OCI layout."""
     if is_layout(ref):
@@ -177,8 +185,7 @@ def image_files(engine, ref: str, keep: Callable[[str], bool] = lambda _: False)
                 layers.append(read_layer_files(stream, keep))
         files, contents = merge_layers(layers)
         return ImageFiles(layout.config, files, contents)
-    if engine.inspect(ref) is None:
-        raise ImageNotFound(ref, engine.name, " (an OCI layout is named oci:DIR)")
+    engine_image(engine, ref)
     with export.saved_image(engine, ref) as stream:
         saved = export.read_saved(stream, lambda _, s: read_layer_files(s, keep))
     files, contents = merge_layers(saved.layers)
@@ -299,9 +306,7 @@ def container_files(engine, ref: str, keep: Callable[[str], bool] = lambda _: Fa
     two images with image_files, not this."""
     if is_layout(ref):
         return image_files(engine, ref, keep)
-    info = engine.inspect(ref)
-    if info is None:
-        raise ImageNotFound(ref, engine.name, " (an OCI layout is named oci:DIR)")
+    info = engine_image(engine, ref)
     with engine.export_rootfs(ref) as stream:
         tree = read_layer_files(stream, keep)
     return ImageFiles({"config": {"Labels": dict(info.labels)}}, tree.entries, tree.contents)
